@@ -1,0 +1,332 @@
+"""The agent: a pure ReAct loop over the state, with live events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._json import dumps
+from .context import Budgets, build_context, chat_messages, system_prompt
+from .errors import LLMError, UsageError
+from .events import Action, End, Error, Event, Reason, Response, Result, Start, Token
+from .llm.base import LLM, Usage
+from .llm.resolve import resolve_llm
+from .memory.memory import Memory
+from .reason import reason
+from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, check_id
+from .storage import open_store
+from .storage.base import Store, new_runner
+from .tokens import count_tokens
+from .tools.base import Tool, run_tools
+
+STOP_REASONS = (
+    "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
+    "cancelled",
+)
+NO_PROGRESS_LIMIT = 3
+"""Consecutive steps with neither a response nor an action before the run stops."""
+REFUSAL = "I can't help with that request."
+
+
+@dataclass
+class AgentResult:
+    """What a run produced. ``stop_reason`` is one of :data:`STOP_REASONS`."""
+
+    response: str | None
+    task_id: str
+    conversation_id: str
+    stop_reason: str
+    iterations: int
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+    security_assessment: str | None = None
+
+
+class Agent:
+    """A stateful agent: give it a model, tools and a store, then ``run`` queries.
+
+    ``store=None`` opens the default SQLite file; ``memory=True`` learns a profile of each
+    user with the agent's model (``Memory(llm=...)`` chooses another). Every run saves its
+    workspace after each iteration; a run that stops early keeps it so ``resume`` continues.
+    """
+
+    def __init__(
+        self,
+        llm: LLM | str | None = None,
+        tools: Sequence[Tool] = (),
+        store: Store | str | None = None,
+        memory: Memory | bool = False,
+        identity: str = "",
+        max_iterations: int = 10,
+        *,
+        invalid_retries: int = 2,
+        llm_retries: int = 2,
+        retry_delay: float = 0.5,
+        history_tokens: int = DEFAULT_HISTORY_TOKENS,
+        budgets: Budgets = Budgets(),
+    ) -> None:
+        if not isinstance(max_iterations, int) or max_iterations < 1:
+            raise UsageError("max_iterations must be a positive integer")
+        self.llm, self._owns_llm = resolve_llm(llm)
+        self.tools: dict[str, Tool] = {}
+        for item in tools:
+            if not isinstance(item, Tool):
+                raise UsageError(
+                    f"tools must be Tool objects (decorate functions with @tool), got {item!r}"
+                )
+            if item.name in self.tools:
+                raise UsageError(f"two tools are named {item.name!r}; tool names must be unique")
+            self.tools[item.name] = item
+        self._owns_store = not _is_store(store)
+        self.store: Store = store if _is_store(store) else open_store(store)  # type: ignore[arg-type]
+        if memory is True:
+            memory = Memory()
+        self.memory: Memory | None = memory.bind(self.store, self.llm) if memory else None
+        self.identity = identity
+        self.max_iterations = max_iterations
+        self.invalid_retries = invalid_retries
+        self.llm_retries = llm_retries
+        self.retry_delay = retry_delay
+        self.history_tokens = history_tokens
+        self.budgets = budgets
+        self._closed = False
+
+    # -- public API -----------------------------------------------------------------------
+
+    async def run(
+        self, query: str, user_id: str = "default", conversation_id: str | None = None
+    ) -> AgentResult:
+        """Run a new task to its end and return what it produced."""
+        return await self._collect(self.stream(query, user_id, conversation_id))
+
+    async def resume(self, task_id: str, user_id: str = "default") -> AgentResult:
+        """Continue an unfinished task from its saved workspace and conversation."""
+        return await self._collect(self.resume_stream(task_id, user_id))
+
+    def stream(
+        self, query: str, user_id: str = "default", conversation_id: str | None = None
+    ) -> AsyncIterator[Event]:
+        """Run a new task, yielding its events as they happen; the last one is ``end``."""
+        check_id(user_id, "user_id")
+        if not isinstance(query, str) or not query.strip():
+            raise UsageError("query must be a non-empty string")
+
+        async def open_task() -> tuple[State, bool]:
+            state = await State.start_task(
+                query, user_id, conversation_id, self.store,
+                max_iterations=self.max_iterations, history_tokens=self.history_tokens,
+            )
+            return state, False
+
+        return self._drive(open_task)
+
+    def resume_stream(self, task_id: str, user_id: str = "default") -> AsyncIterator[Event]:
+        """Continue an unfinished task, yielding its events as they happen."""
+        check_id(task_id, "task_id")
+        check_id(user_id, "user_id")
+
+        async def open_task() -> tuple[State, bool]:
+            state = await State.continue_task(
+                task_id, user_id, self.store,
+                max_iterations=self.max_iterations, history_tokens=self.history_tokens,
+            )
+            return state, True
+
+        return self._drive(open_task)
+
+    def run_sync(
+        self, query: str, user_id: str = "default", conversation_id: str | None = None
+    ) -> AgentResult:
+        """:meth:`run` for code without an event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._run_and_settle(query, user_id, conversation_id))
+        raise UsageError("run_sync cannot be called inside a running event loop; await run()")
+
+    async def close(self) -> None:
+        """Release what the agent opened (never a store or model that was passed in)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_store:
+            await self.store.close()
+        if self._owns_llm:
+            await self.llm.close()
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def _run_and_settle(
+        self, query: str, user_id: str, conversation_id: str | None
+    ) -> AgentResult:
+        return await self.run(query, user_id, conversation_id)
+
+    async def _collect(self, events: AsyncIterator[Event]) -> AgentResult:
+        async for _ in events:
+            pass
+        result = getattr(events, "result", None)
+        assert isinstance(result, AgentResult)
+        return result
+
+    def _drive(self, open_task: Callable[[], Awaitable[tuple[State, bool]]]) -> _EventStream:
+        if self._closed:
+            raise UsageError("this agent is closed; create a new Agent")
+        return _EventStream(lambda emit: self._execute(open_task, emit))
+
+    async def _execute(
+        self,
+        open_task: Callable[[], Awaitable[tuple[State, bool]]],
+        emit: Callable[[Event], None],
+    ) -> AgentResult:
+        state, resumed = await open_task()
+        runner = new_runner()
+        await self.store.claim_task(state.task_id, state.user_id, runner)
+        ex, usage, error = state.execution, Usage(), None
+        task = state.task_id
+        emit(Start(task, state.conversation.conversation_id, state.query, resumed))
+        try:
+            if not resumed:
+                add_message(state, "user", state.query)
+                await autosave(state)
+            memory = await self.memory.activate(state.user_id) if self.memory else ""
+            while True:
+                if ex.iteration >= ex.max_iterations:
+                    ex.stop_reason = "max_iterations"
+                    break
+                ex.advance_iteration()
+                first = ex.iteration == 1
+                system = system_prompt(
+                    build_context(memory, state.workspace, ex, list(self.tools.values()),
+                                  self.budgets),
+                    self.identity,
+                    first,
+                )
+                window = self.llm.context_window - count_tokens(system) - self.budgets.output
+                step, spent = await reason(
+                    self.llm,
+                    [{"role": "system", "content": system}, *chat_messages(ex.messages, window)],
+                    self.tools,
+                    first_iteration=first,
+                    on_token=lambda text: emit(Token(task, text)),
+                    on_invalid=lambda message: emit(Error(task, f"invalid reply: {message}")),
+                    invalid_retries=self.invalid_retries,
+                    llm_retries=self.llm_retries,
+                    retry_delay=self.retry_delay,
+                )
+                usage = usage + spent
+                if step is None:
+                    ex.stop_reason = "invalid_response"
+                    error = "the model's replies did not follow the JSON contract"
+                    break
+                state.workspace.update(step.workspace)
+                emit(Reason(task, ex.iteration, state.workspace.to_dict()))
+                if first and not step.secure:
+                    state.security_assessment = (
+                        step.workspace.get("understanding") or step.response or "judged unsafe"
+                    )
+                    ex.response = step.response or REFUSAL
+                    ex.stop_reason = "security"
+                elif step.actions:
+                    ex.set_tool_calls(step.actions)
+                    add_message(state, "assistant", dumps({"actions": step.actions}))
+                    for call in step.actions:
+                        emit(Action(task, ex.iteration, call["name"], call["args"]))
+                    results = await run_tools(self.tools, step.actions)
+                    ex.complete_tool_calls(results)
+                    for result in results:
+                        add_message(state, "tool", dumps(result))
+                        emit(Result(task, ex.iteration, result["name"], result["ok"],
+                                    result.get("output", result.get("error", ""))))
+                    ex.iterations_without_tools = 0
+                elif step.response is not None:
+                    ex.response = step.response
+                    ex.stop_reason = "completed"
+                else:
+                    ex.iterations_without_tools += 1
+                    if ex.iterations_without_tools >= NO_PROGRESS_LIMIT:
+                        ex.stop_reason = "no_progress"
+                if ex.response is not None:
+                    add_message(state, "assistant", ex.response)
+                    emit(Response(task, ex.response))
+                    break
+                if ex.stop_reason:
+                    break
+                await autosave(state)
+        except LLMError as exc:
+            ex.stop_reason, error = "error", str(exc)
+            emit(Error(task, error, fatal=True))
+        except asyncio.CancelledError:
+            ex.stop_reason = "cancelled"
+            await asyncio.shield(self._settle(state, runner))
+            raise
+        await self._settle(state, runner)
+        emit(End(task, ex.stop_reason or "error", ex.iteration))
+        return AgentResult(
+            response=ex.response,
+            task_id=task,
+            conversation_id=state.conversation.conversation_id,
+            stop_reason=ex.stop_reason or "error",
+            iterations=ex.iteration,
+            usage=usage,
+            error=error,
+            security_assessment=state.security_assessment,
+        )
+
+    async def _settle(self, state: State, runner: str) -> None:
+        """Complete the task on an answer or refusal; otherwise save it and let it go."""
+        if state.execution.stop_reason in ("completed", "security"):
+            await state.complete_task()
+            return
+        try:
+            await autosave(state)
+        finally:
+            await self.store.release_task(state.task_id, runner)
+
+
+class _EventStream:
+    """The events of one run, produced by a task so they arrive while it works."""
+
+    _DONE = object()
+
+    def __init__(
+        self, work: Callable[[Callable[[Event], None]], Awaitable[AgentResult]]
+    ) -> None:
+        self._work = work
+        self._iterator: AsyncIterator[Event] | None = None
+        self.result: AgentResult | None = None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        if self._iterator is None:
+            self._iterator = self._events()
+        return self._iterator
+
+    async def _events(self) -> AsyncIterator[Event]:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def produce() -> AgentResult:
+            try:
+                return await self._work(queue.put_nowait)
+            finally:
+                queue.put_nowait(self._DONE)
+
+        task = asyncio.create_task(produce())
+        try:
+            while (event := await queue.get()) is not self._DONE:
+                yield event
+            self.result = await task
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+
+
+def _is_store(value: Any) -> bool:
+    return value is not None and not isinstance(value, (str, bytes)) and hasattr(value, "save")

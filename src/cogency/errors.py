@@ -1,0 +1,128 @@
+"""Every error Cogency raises, under one root.
+
+    CogencyError
+    ├── UsageError            you called something wrongly (also a ValueError)
+    │   └── ConfigurationError  something must be installed or set first
+    ├── NotFoundError         no such row for this user (also another user's data)
+    ├── ConflictError         someone else changed or holds it
+    │   └── TaskRunningError    the task is being run by another runner
+    ├── StorageError          the database failed or holds something unusable
+    │   ├── SchemaTooNewError   written by a newer Cogency
+    │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
+    │   └── StoreUnavailableError  the database cannot be reached or is locked
+    ├── LLMError              the model call failed
+    │   ├── AuthenticationError, RateLimitError, LLMTimeoutError,
+    │   ├── ModelNotFoundError, RefusalError
+    │   ├── InvalidResponseError  the reply breaks the JSON contract
+    │   └── ScriptExhaustedError  a ScriptedLLM ran out of replies
+    └── ToolError             a tool is defined or called wrongly
+        └── ToolArgumentError   arguments do not match the tool's schema
+
+Third-party errors are mapped at the boundary with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class CogencyError(Exception):
+    """Root of every error raised by Cogency."""
+
+
+class UsageError(CogencyError, ValueError):
+    """A call was made with arguments that cannot work."""
+
+
+class ConfigurationError(UsageError):
+    """Something must be installed or configured before this can run."""
+
+
+class NotFoundError(CogencyError, LookupError):
+    """The row does not exist for this user (another user's rows are never visible)."""
+
+
+class ConflictError(CogencyError):
+    """A concurrent writer got there first; reload and try again."""
+
+
+class TaskRunningError(ConflictError):
+    """The task is being run right now by another runner."""
+
+
+class StorageError(CogencyError):
+    """The database failed, or holds something Cogency cannot use."""
+
+
+class SchemaTooNewError(StorageError):
+    """The database was written by a newer version of Cogency."""
+
+
+class CorruptDataError(StorageError):
+    """A stored row holds data that cannot be decoded."""
+
+
+class StoreUnavailableError(StorageError):
+    """The database cannot be reached, or stayed locked past the timeout."""
+
+
+class LLMError(CogencyError):
+    """The model call failed."""
+
+
+class AuthenticationError(LLMError):
+    """The provider rejected the API key."""
+
+
+class RateLimitError(LLMError):
+    """The provider kept refusing for rate limits after the retries."""
+
+
+class LLMTimeoutError(LLMError):
+    """The model did not answer within the time limit."""
+
+
+class ModelNotFoundError(LLMError):
+    """The provider does not know the model name."""
+
+
+class RefusalError(LLMError):
+    """The provider refused to produce output."""
+
+
+class InvalidResponseError(LLMError):
+    """The model's reply does not follow the JSON contract (the message says how)."""
+
+
+class ScriptExhaustedError(LLMError):
+    """A ScriptedLLM was called more times than it has replies."""
+
+
+class ToolError(CogencyError):
+    """A tool is defined or called wrongly."""
+
+
+class ToolArgumentError(ToolError):
+    """Arguments do not match the tool's schema."""
+
+
+__all__ = [
+    "AuthenticationError",
+    "CogencyError",
+    "ConfigurationError",
+    "ConflictError",
+    "CorruptDataError",
+    "InvalidResponseError",
+    "LLMError",
+    "LLMTimeoutError",
+    "ModelNotFoundError",
+    "NotFoundError",
+    "RateLimitError",
+    "RefusalError",
+    "SchemaTooNewError",
+    "ScriptExhaustedError",
+    "StorageError",
+    "StoreUnavailableError",
+    "TaskRunningError",
+    "ToolArgumentError",
+    "ToolError",
+    "UsageError",
+]

@@ -1,0 +1,164 @@
+"""The user profile: what the agent has learned about one user, kept forever (v1.0 fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from .. import _time
+from ..errors import UsageError
+
+# v1.0 bounds. Lists and maps keep their newest entries.
+MAX_GOALS = 10
+MAX_EXPERTISE = 15
+MAX_PROJECTS = 10
+MAX_PATTERNS = 5
+MAX_PREFERENCES = 20
+MAX_INTERESTS = 15
+MAX_CONSTRAINTS = 10
+MAX_TEXT = 500  # characters kept of any one learned string
+
+_LIST_BOUNDS = {
+    "goals": MAX_GOALS,
+    "expertise_areas": MAX_EXPERTISE,
+    "interests": MAX_INTERESTS,
+    "constraints": MAX_CONSTRAINTS,
+    "success_patterns": MAX_PATTERNS,
+    "failure_patterns": MAX_PATTERNS,
+}
+_MAP_BOUNDS = {"preferences": MAX_PREFERENCES, "projects": MAX_PROJECTS}
+
+
+@dataclass
+class Profile:
+    """Permanent per-user understanding; stored as one flat JSON object in ``user_profiles``."""
+
+    user_id: str
+    preferences: dict[str, Any] = field(default_factory=dict)
+    goals: list[str] = field(default_factory=list)
+    expertise_areas: list[str] = field(default_factory=list)
+    communication_style: str = ""
+    projects: dict[str, str] = field(default_factory=dict)
+    interests: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    success_patterns: list[str] = field(default_factory=list)
+    failure_patterns: list[str] = field(default_factory=list)
+    created_at: datetime = field(default_factory=_time.now)
+    last_updated: datetime = field(default_factory=_time.now)
+    interaction_count: int = 0
+    synthesis_version: int = 1
+
+    def is_empty(self) -> bool:
+        """True when nothing has been learned yet."""
+        return not any(getattr(self, name) for name in (*_LIST_BOUNDS, *_MAP_BOUNDS)) and not (
+            self.communication_style
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["created_at"] = self.created_at.isoformat()
+        data["last_updated"] = self.last_updated.isoformat()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """Rebuild from stored JSON; unknown keys are ignored, missing ones take defaults."""
+        if not isinstance(data, dict) or not isinstance(data.get("user_id"), str):
+            raise UsageError("profile data must be an object with a string 'user_id'")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for name in ("created_at", "last_updated"):
+            if name in values:
+                values[name] = _time.parse(values[name])
+        profile = cls(**values)
+        profile.enforce_bounds()
+        return profile
+
+    def enforce_bounds(self) -> None:
+        """Trim every collection to its v1.0 bound, keeping the newest entries."""
+        for name, bound in _LIST_BOUNDS.items():
+            items = getattr(self, name)
+            if len(items) > bound:
+                setattr(self, name, items[-bound:])
+        for name, bound in _MAP_BOUNDS.items():
+            items = getattr(self, name)
+            if len(items) > bound:
+                setattr(self, name, dict(list(items.items())[-bound:]))
+
+    def update_from_interaction(self, insights: dict[str, Any]) -> None:
+        """Apply the insights of one interaction (v1.0 keys); malformed entries are skipped."""
+        self.interaction_count += 1
+        self.last_updated = _time.now()
+        if not isinstance(insights, dict):
+            return
+        _merge_map(self.preferences, insights.get("preferences"))
+        _extend(self.goals, insights.get("goals"))
+        _extend(self.expertise_areas, insights.get("expertise"))
+        _extend(self.interests, insights.get("interests"))
+        _extend(self.constraints, insights.get("constraints"))
+        style = _text(insights.get("communication_style"))
+        if style:
+            self.communication_style = style
+        _merge_map(self.projects, insights.get("project_context"))
+        for key, target in (
+            ("success_pattern", self.success_patterns),
+            ("failure_pattern", self.failure_patterns),
+        ):
+            _extend(target, [insights.get(key)])
+        self.enforce_bounds()
+
+    def compress(self, max_chars: int = 3200) -> str:
+        """The profile as a few labelled lines, newest entries first in importance."""
+        sections = []
+        if self.communication_style:
+            sections.append(f"COMMUNICATION: {self.communication_style}")
+        if self.goals:
+            sections.append(f"CURRENT GOALS: {'; '.join(self.goals[-3:])}")
+        if self.preferences:
+            prefs = list(self.preferences.items())[-5:]
+            sections.append("PREFERENCES: " + ", ".join(f"{k}: {v}" for k, v in prefs))
+        if self.projects:
+            projects = list(self.projects.items())[-3:]
+            sections.append("ACTIVE PROJECTS: " + "; ".join(f"{k}: {v}" for k, v in projects))
+        if self.expertise_areas:
+            sections.append(f"EXPERTISE: {', '.join(self.expertise_areas[-5:])}")
+        if self.interests:
+            sections.append(f"INTERESTS: {', '.join(self.interests[-5:])}")
+        if self.constraints:
+            sections.append(f"CONSTRAINTS: {'; '.join(self.constraints[-3:])}")
+        if self.success_patterns:
+            sections.append(f"WHAT WORKS: {'; '.join(self.success_patterns[-2:])}")
+        if self.failure_patterns:
+            sections.append(f"WHAT TO AVOID: {'; '.join(self.failure_patterns[-2:])}")
+        return "\n".join(sections)[:max_chars]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value).strip()[:MAX_TEXT]
+    return ""
+
+
+def _extend(target: list[str], values: Any) -> None:
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, list):
+        return
+    for value in values:
+        text = _text(value)
+        if not text:
+            continue
+        if text in target:
+            target.remove(text)  # re-mentioned: now the newest
+        target.append(text)
+
+
+def _merge_map(target: dict[str, Any], values: Any) -> None:
+    if not isinstance(values, dict):
+        return
+    for key, value in values.items():
+        key_text, value_text = _text(key), _text(value)
+        if key_text and value_text:
+            target.pop(key_text, None)  # re-inserted so the newest stays last
+            target[key_text] = value_text

@@ -1,0 +1,226 @@
+"""The state of one task and its lifecycle: start, continue, save, complete."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .. import _time
+from ..errors import UsageError
+from ..storage.base import SaveBatch, TaskRecord
+from ..tokens import count_tokens
+from .conversation import Conversation
+from .execution import Execution
+from .workspace import Workspace
+
+if TYPE_CHECKING:
+    from ..memory.profile import Profile
+    from ..storage.base import Store
+
+DEFAULT_HISTORY_TOKENS = 8_000
+"""How much earlier conversation a task loads into ``execution.messages``."""
+
+ROLES = ("user", "assistant", "tool", "system")
+MAX_ID_LENGTH = 256
+
+
+@dataclass
+class State:
+    """One task: its conversation, workspace and execution. The profile lives in memory."""
+
+    query: str
+    user_id: str = "default"
+    task_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    conversation: Conversation = field(default_factory=Conversation)
+    workspace: Workspace = field(default_factory=Workspace)
+    execution: Execution = field(default_factory=Execution)
+    security_assessment: str | None = None
+    created_at: datetime = field(default_factory=_time.now)
+    last_updated: datetime = field(default_factory=_time.now)
+    store: Store | None = field(default=None, repr=False, compare=False)
+    version: int = 1
+    """The workspace row version this state last saw; a stale one makes saves conflict."""
+    completed: bool = False
+    _saved_workspace: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    _owns_store: bool = field(default=False, repr=False, compare=False)
+
+    @classmethod
+    async def start_task(
+        cls,
+        query: str,
+        user_id: str,
+        conversation_id: str | None = None,
+        store: Store | None = None,
+        *,
+        max_iterations: int = 10,
+        history_tokens: int = DEFAULT_HISTORY_TOKENS,
+        task_id: str | None = None,
+    ) -> State:
+        """Create a task and save its workspace; continue ``conversation_id`` when given.
+
+        The profile row is created if missing. ``execution.messages`` holds the newest
+        conversation history that fits ``history_tokens`` (all of it stays in the database).
+        """
+        check_id(user_id, "user_id")
+        if not isinstance(query, str):
+            raise UsageError("query must be a string")
+        if conversation_id is not None:
+            check_id(conversation_id, "conversation_id")
+        store, owned = _resolve_store(store)
+        state = cls(query=query, user_id=user_id, store=store, _owns_store=owned)
+        if task_id is not None:
+            state.task_id = check_id(task_id, "task_id")
+        state.workspace = Workspace(objective=query)
+        state.execution = Execution(max_iterations=max_iterations)
+        conversation = Conversation(
+            conversation_id=conversation_id or str(uuid.uuid4()), user_id=user_id
+        )
+        record = await store.begin_task(
+            TaskRecord(
+                task_id=state.task_id,
+                user_id=user_id,
+                conversation_id=conversation.conversation_id,
+                query=query,
+                workspace=state.workspace.to_dict(),
+            ),
+            conversation.to_dict(),
+        )
+        state._saved_workspace = state.workspace.to_dict()
+        history = []
+        if record.message_count:
+            history = await store.load_messages(
+                record.conversation_id, user_id, token_budget=history_tokens
+            )
+        state.conversation = Conversation.from_dict(record.data, history)
+        state.execution.messages = list(history)
+        return state
+
+    @classmethod
+    async def continue_task(
+        cls,
+        task_id: str,
+        user_id: str,
+        store: Store | None = None,
+        *,
+        max_iterations: int = 10,
+        history_tokens: int = DEFAULT_HISTORY_TOKENS,
+    ) -> State:
+        """Load an unfinished task: its workspace and its conversation history.
+
+        Another user's task is reported as not found.
+        """
+        check_id(task_id, "task_id")
+        check_id(user_id, "user_id")
+        store, owned = _resolve_store(store)
+        task = await store.load_task(task_id, user_id)
+        record = await store.load_conversation(task.conversation_id, user_id)
+        history = await store.load_messages(
+            task.conversation_id, user_id, token_budget=history_tokens
+        )
+        state = cls(
+            query=task.query,
+            user_id=user_id,
+            task_id=task_id,
+            conversation=Conversation.from_dict(record.data, history),
+            workspace=Workspace.from_dict(task.workspace),
+            execution=Execution(max_iterations=max_iterations, messages=list(history)),
+            store=store,
+            version=task.version,
+            _owns_store=owned,
+        )
+        state._saved_workspace = state.workspace.to_dict()
+        return state
+
+    async def complete_task(self, profile: Profile | None = None) -> None:
+        """Save what is unsaved (and ``profile`` if given) and delete the workspace row, atomically.
+
+        The conversation and its messages stay; the execution is discarded.
+        """
+        await _save(self, profile, complete=True)
+        self.completed = True
+        if self._owns_store and self.store is not None:
+            await self.store.close()
+
+
+def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
+    """Add a message to the conversation and the execution (a plain function).
+
+    The message is held in memory until the next :func:`autosave` (or ``complete_task``),
+    which appends it as a row of ``conversation_messages``.
+    """
+    if role not in ROLES:
+        raise UsageError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    if not isinstance(content, str):
+        raise UsageError("message content must be a string")
+    if state.completed:
+        raise UsageError(f"task {state.task_id!r} is complete; start a new task to add messages")
+    message = {
+        "role": role,
+        "content": content,
+        "task_id": state.task_id,
+        "tokens": count_tokens(content),
+        "created_at": _time.now().isoformat(),
+        **extra,
+    }
+    state.conversation.messages.append(message)
+    state.conversation.unsaved.append(message)
+    state.execution.messages.append(message)
+    state.last_updated = _time.now()
+    return message
+
+
+async def autosave(state: State, profile: Profile | None = None) -> None:
+    """Persist what changed (new messages, the workspace, ``profile`` if given) in one transaction.
+
+    The execution is never stored. A workspace saved meanwhile by another ``State`` makes this
+    raise :class:`~cogency.errors.ConflictError` and nothing is written.
+    """
+    if state.completed:
+        raise UsageError(f"task {state.task_id!r} is complete; there is nothing left to save")
+    await _save(state, profile, complete=False)
+
+
+async def _save(state: State, profile: Profile | None, *, complete: bool) -> None:
+    if state.store is None:
+        raise UsageError("this state has no store; create it with State.start_task")
+    workspace = state.workspace.to_dict()
+    changed = workspace != state._saved_workspace
+    pending = list(state.conversation.unsaved)
+    if not (pending or changed or profile or complete):
+        return
+    batch = SaveBatch(
+        user_id=state.user_id,
+        task_id=state.task_id,
+        conversation_id=state.conversation.conversation_id,
+        expected_version=state.version,
+        messages=pending,
+        workspace=workspace if changed else None,
+        profile=profile,
+        complete=complete,
+    )
+    state.version = await state.store.save(batch)
+    del state.conversation.unsaved[: len(pending)]
+    state._saved_workspace = workspace
+    state.conversation.last_updated = _time.now()
+
+
+def check_id(value: Any, name: str) -> str:
+    """Reject ids that cannot be right (empty, not text, huge, control characters)."""
+    if not isinstance(value, str) or not value.strip():
+        raise UsageError(f"{name} must be a non-empty string, not {value!r}")
+    if len(value) > MAX_ID_LENGTH or any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+        raise UsageError(
+            f"{name} {value[:40]!r} is not a valid id: use at most {MAX_ID_LENGTH} printable "
+            "characters"
+        )
+    return value
+
+
+def _resolve_store(store: Store | None) -> tuple[Store, bool]:
+    if store is not None:
+        return store, False
+    from ..storage import open_store
+
+    return open_store(), True

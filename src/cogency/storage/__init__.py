@@ -1,0 +1,83 @@
+"""Where state lives: the ``Store`` contract, SQLite (default) and PostgreSQL backends."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+from .base import ConversationRecord, SaveBatch, Store, TaskRecord
+from .sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+ENV_VAR = "COGENCY_DB"
+
+
+def default_db_path() -> Path:
+    """``$COGENCY_DB`` if it is a path, else ``cogency.db`` in the user's data directory."""
+    configured = os.environ.get(ENV_VAR)
+    if configured and "://" not in configured:
+        return Path(configured).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "cogency" / "cogency.db"
+
+
+def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Store:
+    """A ready store for ``url``; nothing connects until first use.
+
+    ``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``sqlite://:memory:``, a plain path,
+    or ``postgresql://…``. ``None`` means ``$COGENCY_DB`` or the default file.
+    """
+    if url is None:
+        url = os.environ.get(ENV_VAR) or default_db_path()
+    text = os.fspath(url)
+    if text.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresStore
+
+        return PostgresStore(text, **options)
+    if text.startswith("sqlite:"):
+        rest = text[len("sqlite:"):]
+        if rest in ("", "//", "//:memory:", ":memory:", "///:memory:"):
+            return SQLiteStore(":memory:", **options)
+        if not rest.startswith("///"):
+            raise UsageError(
+                f"cannot read the SQLite URL {text!r}: use sqlite:///relative.db or "
+                "sqlite:////absolute/path.db"
+            )
+        return SQLiteStore(rest[3:], **options)
+    if "://" in text:
+        raise UsageError(
+            f"unknown database URL {text!r}: use sqlite:///path.db, postgresql://…, or a file path"
+        )
+    if not text.strip():
+        raise UsageError("the database path is empty: pass a file path or a URL")
+    return SQLiteStore(text, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresStore":  # imported on use: its driver is an optional extra
+        from .postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(name)
+
+
+__all__ = [
+    "ConversationRecord",
+    "PostgresStore",
+    "SQLiteStore",
+    "SaveBatch",
+    "Store",
+    "TaskRecord",
+    "default_db_path",
+    "open_store",
+]

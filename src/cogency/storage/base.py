@@ -1,0 +1,170 @@
+"""The storage contract every backend implements, and the records it passes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from .._json import loads
+from ..errors import CorruptDataError
+from ..memory.profile import Profile
+
+MIGRATION_NAMES = (
+    "m001_initial",
+    "m002_conversation_messages",
+    "m003_task_workspace_columns",
+)
+"""Ordered schema steps; every backend applies the same names in this order."""
+
+
+@dataclass
+class TaskRecord:
+    """One row of ``task_workspaces``: an unfinished task and its working memory."""
+
+    task_id: str
+    user_id: str
+    conversation_id: str
+    query: str
+    workspace: dict[str, Any]
+    version: int = 1
+    runner: str | None = None
+    updated_at: datetime | None = None
+
+
+@dataclass
+class ConversationRecord:
+    """One row of ``conversations``; messages are read separately, windowed."""
+
+    conversation_id: str
+    user_id: str
+    data: dict[str, Any]
+    message_count: int = 0
+    updated_at: datetime | None = None
+
+
+@dataclass
+class SaveBatch:
+    """Everything one autosave writes, in one transaction.
+
+    ``messages`` are appended (each dict gets its ``seq``); ``workspace`` is written only when
+    given, and only if the row still has ``expected_version``; ``complete`` deletes the workspace.
+    """
+
+    user_id: str
+    task_id: str
+    conversation_id: str
+    expected_version: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    workspace: dict[str, Any] | None = None
+    profile: Profile | None = None
+    complete: bool = False
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Persistence for profiles, conversations and task workspaces.
+
+    Every read is scoped by ``user_id``: another user's row is reported as not found.
+    Each method is one transaction.
+    """
+
+    async def begin_task(
+        self, task: TaskRecord, conversation_data: dict[str, Any]
+    ) -> ConversationRecord:
+        """Ensure the profile row, open or create the conversation, insert the workspace."""
+        ...
+
+    async def load_task(self, task_id: str, user_id: str) -> TaskRecord: ...
+
+    async def load_conversation(self, conversation_id: str, user_id: str) -> ConversationRecord: ...
+
+    async def load_messages(
+        self, conversation_id: str, user_id: str, *, token_budget: int | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The newest messages that fit ``token_budget``/``limit``, oldest first."""
+        ...
+
+    async def save(self, batch: SaveBatch) -> int:
+        """Apply ``batch`` atomically; returns the workspace version now stored."""
+        ...
+
+    async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
+        """Mark the task as run by ``runner``; ``TaskRunningError`` if a live runner holds it."""
+        ...
+
+    async def release_task(self, task_id: str, runner: str) -> None: ...
+
+    async def load_profile(self, user_id: str) -> Profile | None: ...
+
+    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
+        """Read-modify-write the profile under a lock (created when missing)."""
+        ...
+
+    async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]: ...
+
+    async def list_conversations(self, user_id: str) -> list[ConversationRecord]: ...
+
+    async def forget_user(self, user_id: str) -> None:
+        """Delete the user's profile, conversations, messages and workspaces together."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def decode(text: str, table: str, key: str, column: str) -> Any:
+    """Parse stored JSON, naming the row when it is corrupt."""
+    try:
+        return loads(text)
+    except (TypeError, ValueError) as exc:
+        raise CorruptDataError(
+            f"{table} row {key!r} holds invalid JSON in {column} ({exc}); "
+            "restore it from a backup or delete the row"
+        ) from exc
+
+
+def decode_profile(text: str, user_id: str) -> Profile:
+    data = decode(text, "user_profiles", user_id, "profile_data")
+    try:
+        return Profile.from_dict({**data, "user_id": user_id} if isinstance(data, dict) else data)
+    except (TypeError, ValueError) as exc:
+        raise CorruptDataError(
+            f"user_profiles row {user_id!r} holds a profile that cannot be read ({exc}); "
+            "repair or delete the row"
+        ) from exc
+
+
+def new_runner() -> str:
+    """An identity for one run of a task: host, process, process start time, and a token."""
+    return f"{socket.gethostname()}|{os.getpid()}|{_process_start(os.getpid())}|{uuid.uuid4().hex}"
+
+
+def runner_alive(runner: str) -> bool:
+    """Whether the process that wrote ``runner`` still runs (unknown hosts count as alive)."""
+    try:
+        host, pid_text, start, _ = runner.split("|")
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _process_start(pid) == start  # a reused pid is another process
+
+
+def _process_start(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "?"

@@ -1,0 +1,641 @@
+"""SQLite storage: the zero set-up default. One connection, used from one worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .. import _time
+from .._json import dumps
+from ..errors import (
+    ConflictError,
+    NotFoundError,
+    SchemaTooNewError,
+    StorageError,
+    StoreUnavailableError,
+    TaskRunningError,
+    UsageError,
+)
+from ..memory.profile import Profile
+from .base import (
+    MIGRATION_NAMES,
+    ConversationRecord,
+    SaveBatch,
+    TaskRecord,
+    decode,
+    decode_profile,
+    runner_alive,
+)
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+def _m001_initial(db: sqlite3.Connection) -> None:
+    # The seeds' schema (v3.0), kept verbatim so their databases open and migrate.
+    _script(db, 
+        """
+        CREATE TABLE IF NOT EXISTS user_profiles (
+            user_id TEXT PRIMARY KEY,
+            profile_data TEXT NOT NULL,          -- Profile as one flat JSON object
+            updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP
+        );
+        CREATE TABLE IF NOT EXISTS conversations (
+            conversation_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            conversation_data TEXT NOT NULL,     -- the conversation's own fields, no messages
+            updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+            FOREIGN KEY (user_id) REFERENCES user_profiles(user_id)
+        );
+        CREATE TABLE IF NOT EXISTS task_workspaces (
+            task_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            workspace_data TEXT NOT NULL,        -- the 4 workspace fields as JSON
+            updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+            FOREIGN KEY (user_id) REFERENCES user_profiles(user_id)
+        );
+        """
+    )
+
+
+def _m002_conversation_messages(db: sqlite3.Connection) -> None:
+    # Messages as appended rows: one write per message whatever the history length.
+    _script(db, 
+        """
+        ALTER TABLE conversations ADD COLUMN message_count INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE conversation_messages (
+            conversation_id TEXT NOT NULL
+                REFERENCES conversations(conversation_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,                -- 1, 2, 3 ... per conversation, no gaps
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            task_id TEXT,                        -- the task that wrote it (resume skips done calls)
+            tokens INTEGER NOT NULL DEFAULT 0,   -- counted once, so windowing reads no text twice
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        ) WITHOUT ROWID;
+        CREATE INDEX conversations_by_user ON conversations(user_id, updated_at);
+        """
+    )
+    # Databases of the seeds kept messages as a JSON list inside conversation_data.
+    rows = db.execute("SELECT conversation_id, conversation_data FROM conversations").fetchall()
+    for conversation_id, text in rows:
+        data = decode(text, "conversations", conversation_id, "conversation_data")
+        messages = data.pop("messages", None) if isinstance(data, dict) else None
+        if not messages:
+            continue
+        from ..tokens import count_tokens
+
+        stamp = _time.now().isoformat()
+        for seq, message in enumerate(messages, start=1):
+            content = str(message.get("content", ""))
+            db.execute(
+                "INSERT INTO conversation_messages VALUES (?, ?, ?, ?, NULL, ?, ?)",
+                (conversation_id, seq, str(message.get("role", "user")), content,
+                 count_tokens(content), str(message.get("timestamp") or stamp)),
+            )
+        db.execute(
+            "UPDATE conversations SET conversation_data = ?, message_count = ? "
+            "WHERE conversation_id = ?",
+            (dumps(data), len(messages), conversation_id),
+        )
+
+
+def _m003_task_workspace_columns(db: sqlite3.Connection) -> None:
+    # A workspace knows its conversation (continue_task restores both), its version
+    # (stale saves conflict) and who runs it (a second runner is refused).
+    _script(db, 
+        """
+        ALTER TABLE task_workspaces ADD COLUMN conversation_id TEXT
+            REFERENCES conversations(conversation_id) ON DELETE CASCADE;
+        ALTER TABLE task_workspaces ADD COLUMN query TEXT NOT NULL DEFAULT '';
+        ALTER TABLE task_workspaces ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE task_workspaces ADD COLUMN runner TEXT;
+        CREATE INDEX task_workspaces_by_user ON task_workspaces(user_id);
+        CREATE INDEX task_workspaces_by_conversation ON task_workspaces(conversation_id);
+        """
+    )
+    # Seed-era workspaces had no conversation: give each an empty one.
+    stamp = _time.now().isoformat()
+    orphans = db.execute(
+        "SELECT task_id, user_id FROM task_workspaces WHERE conversation_id IS NULL"
+    ).fetchall()
+    for task_id, user_id in orphans:
+        conversation_id = f"migrated-{task_id}"
+        db.execute(
+            "INSERT OR IGNORE INTO conversations (conversation_id, user_id, conversation_data, "
+            "updated_at) VALUES (?, ?, ?, ?)",
+            (conversation_id, user_id,
+             dumps({"conversation_id": conversation_id, "user_id": user_id, "created_at": stamp}),
+             stamp),
+        )
+        db.execute(
+            "UPDATE task_workspaces SET conversation_id = ? WHERE task_id = ?",
+            (conversation_id, task_id),
+        )
+
+
+def _script(db: sqlite3.Connection, sql: str) -> None:
+    # executescript() would COMMIT first; a migration must stay inside its transaction.
+    statement = ""
+    for line in sql.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            db.execute(statement)
+            statement = ""
+
+
+MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
+    ("m001_initial", _m001_initial),
+    ("m002_conversation_messages", _m002_conversation_messages),
+    ("m003_task_workspace_columns", _m003_task_workspace_columns),
+)
+assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
+
+
+def migrate(db: sqlite3.Connection, upto: str | None = None) -> list[str]:
+    """Apply the missing migrations in order (through ``upto``); returns the names applied."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        done = {row[0] for row in db.execute("SELECT name FROM schema_migrations")}
+        unknown = done - set(MIGRATION_NAMES)
+        if unknown:
+            raise SchemaTooNewError(
+                f"the database has schema steps this Cogency does not know ({', '.join(sorted(unknown))}): "
+                "it was written by a newer Cogency; upgrade cogency to open it"
+            )
+        if not done and _has_table(db, "user_profiles"):
+            done.add("m001_initial")  # a seed-era database made without migrations
+            db.execute(
+                "INSERT INTO schema_migrations VALUES ('m001_initial', ?)", (_time.now().isoformat(),)
+            )
+        applied = []
+        for name, step in MIGRATIONS:
+            if name not in done:
+                step(db)
+                db.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?)", (name, _time.now().isoformat())
+                )
+                applied.append(name)
+            if name == upto:
+                break
+        db.execute("COMMIT")
+        return applied
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
+    return row.fetchone() is not None
+
+
+class SQLiteStore:
+    """A :class:`~cogency.storage.Store` in one SQLite file (WAL, foreign keys, busy timeout).
+
+    The file and its directory are created on first use; ``":memory:"`` keeps everything in
+    memory. Calls run on one worker thread so the event loop never blocks on disk.
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> None:
+        self.path = str(path)
+        self._busy_timeout_ms = int(busy_timeout * 1000)
+        self._db: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r})"
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._closed:
+            raise UsageError("this store is closed; open a new one")
+        if self._db is not None:
+            return self._db
+        if self.path != ":memory:":
+            try:
+                Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot create the directory for the database {self.path!r} ({exc}); "
+                    "pass a writable path or set COGENCY_DB"
+                ) from exc
+        try:
+            db = sqlite3.connect(
+                str(Path(self.path).expanduser()) if self.path != ":memory:" else self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._busy_timeout_ms / 1000,
+            )
+            db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+            migrate(db)
+        except sqlite3.Error as exc:
+            raise _storage_error(exc, self.path) from exc
+        self._db = db
+        return db
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="cogency-sqlite")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, fn)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        db = self._connect()
+        try:
+            return fn(db)
+        except sqlite3.Error as exc:
+            raise _storage_error(exc, self.path) from exc
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+        def transaction(db: sqlite3.Connection) -> T:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(db)
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return result
+
+        return transaction
+
+    async def close(self) -> None:
+        """Close the connection; the file stays. Safe to call twice."""
+        self._closed = True
+        if self._executor is not None:
+            await self._run_close()
+
+    async def _run_close(self) -> None:
+        assert self._executor is not None
+        loop = asyncio.get_running_loop()
+
+        def shut() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await loop.run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=False)
+        self._executor = None
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    async def begin_task(
+        self, task: TaskRecord, conversation_data: dict[str, Any]
+    ) -> ConversationRecord:
+        def work(db: sqlite3.Connection) -> ConversationRecord:
+            stamp = _time.now().isoformat()
+            _ensure_profile(db, task.user_id, stamp)
+            conversation = _find_conversation(db, task.conversation_id, task.user_id, missing=None)
+            if conversation is None:
+                if _conversation_owner(db, task.conversation_id) is not None:
+                    raise NotFoundError(_no_conversation(task.conversation_id, task.user_id))
+                db.execute(
+                    "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
+                    "updated_at, message_count) VALUES (?, ?, ?, ?, 0)",
+                    (task.conversation_id, task.user_id, dumps(conversation_data), stamp),
+                )
+                conversation = ConversationRecord(
+                    task.conversation_id, task.user_id, conversation_data, 0, _time.parse(stamp)
+                )
+            try:
+                db.execute(
+                    "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
+                    "workspace_data, version, runner, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (task.task_id, task.user_id, task.conversation_id, task.query,
+                     dumps(task.workspace), task.version, task.runner, stamp),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise ConflictError(
+                    f"task {task.task_id!r} already exists; start tasks with a new id"
+                ) from exc
+            return conversation
+
+        return await self._run(self._write(work))
+
+    async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
+        def work(db: sqlite3.Connection) -> TaskRecord:
+            row = db.execute(
+                "SELECT task_id, user_id, conversation_id, query, workspace_data, version, runner, "
+                "updated_at FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+                (task_id, user_id),
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(
+                    f"no unfinished task {task_id!r} for user {user_id!r} "
+                    "(it may have completed; `cogency tasks` lists the unfinished ones)"
+                )
+            return _task(row)
+
+        return await self._run(work)
+
+    async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
+        def work(db: sqlite3.Connection) -> list[TaskRecord]:
+            sql = (
+                "SELECT task_id, user_id, conversation_id, query, workspace_data, version, runner, "
+                "updated_at FROM task_workspaces"
+            )
+            rows = (
+                db.execute(sql + " WHERE user_id = ? ORDER BY updated_at", (user_id,))
+                if user_id is not None
+                else db.execute(sql + " ORDER BY updated_at")
+            )
+            return [_task(row) for row in rows]
+
+        return await self._run(work)
+
+    async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute(
+                "SELECT runner FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+                (task_id, user_id),
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+            if row[0] and row[0] != runner and runner_alive(row[0]):
+                raise TaskRunningError(
+                    f"task {task_id!r} is running in another process or agent; "
+                    "wait for it to stop, then resume it"
+                )
+            db.execute("UPDATE task_workspaces SET runner = ? WHERE task_id = ?", (runner, task_id))
+
+        await self._run(self._write(work))
+
+    async def release_task(self, task_id: str, runner: str) -> None:
+        await self._run(
+            self._write(
+                lambda db: db.execute(
+                    "UPDATE task_workspaces SET runner = NULL WHERE task_id = ? AND runner = ?",
+                    (task_id, runner),
+                )
+            )
+        )
+
+    async def save(self, batch: SaveBatch) -> int:
+        def work(db: sqlite3.Connection) -> int:
+            stamp = _time.now().isoformat()
+            version = batch.expected_version
+            if batch.workspace is not None or batch.complete:
+                version = _check_version(db, batch)
+            if batch.messages:
+                _append(db, batch, stamp)
+            if batch.profile is not None:
+                _put_profile(db, batch.profile, stamp)
+            if batch.complete:
+                db.execute("DELETE FROM task_workspaces WHERE task_id = ?", (batch.task_id,))
+            elif batch.workspace is not None:
+                version += 1
+                db.execute(
+                    "UPDATE task_workspaces SET workspace_data = ?, version = ?, updated_at = ? "
+                    "WHERE task_id = ?",
+                    (dumps(batch.workspace), version, stamp, batch.task_id),
+                )
+            return version
+
+        return await self._run(self._write(work))
+
+    # -- conversations --------------------------------------------------------------------
+
+    async def load_conversation(self, conversation_id: str, user_id: str) -> ConversationRecord:
+        return await self._run(
+            lambda db: _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
+        )
+
+    async def list_conversations(self, user_id: str) -> list[ConversationRecord]:
+        def work(db: sqlite3.Connection) -> list[ConversationRecord]:
+            rows = db.execute(
+                "SELECT conversation_id, user_id, conversation_data, message_count, updated_at "
+                "FROM conversations WHERE user_id = ? ORDER BY updated_at DESC",
+                (user_id,),
+            )
+            return [_conversation(row) for row in rows]
+
+        return await self._run(work)
+
+    async def load_messages(
+        self,
+        conversation_id: str,
+        user_id: str,
+        *,
+        token_budget: int | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
+            rows = db.execute(
+                "SELECT seq, role, content, task_id, tokens, created_at FROM conversation_messages "
+                "WHERE conversation_id = ? ORDER BY seq DESC",
+                (conversation_id,),
+            )
+            return _window(rows, token_budget, limit)
+
+        return await self._run(work)
+
+    # -- profiles -------------------------------------------------------------------------
+
+    async def load_profile(self, user_id: str) -> Profile | None:
+        def work(db: sqlite3.Connection) -> Profile | None:
+            row = db.execute(
+                "SELECT profile_data FROM user_profiles WHERE user_id = ?", (user_id,)
+            ).fetchone()
+            return None if row is None else decode_profile(row[0], user_id)
+
+        return await self._run(work)
+
+    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
+        def work(db: sqlite3.Connection) -> Profile:
+            row = db.execute(
+                "SELECT profile_data FROM user_profiles WHERE user_id = ?", (user_id,)
+            ).fetchone()
+            profile = Profile(user_id) if row is None else decode_profile(row[0], user_id)
+            apply(profile)
+            profile.enforce_bounds()
+            _put_profile(db, profile, _time.now().isoformat())
+            return profile
+
+        return await self._run(self._write(work))
+
+    async def forget_user(self, user_id: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
+            # explicit deletes also cover rows written before the cascades existed.
+            db.execute(
+                "DELETE FROM conversation_messages WHERE conversation_id IN "
+                "(SELECT conversation_id FROM conversations WHERE user_id = ?)",
+                (user_id,),
+            )
+            db.execute("DELETE FROM task_workspaces WHERE user_id = ?", (user_id,))
+            db.execute("DELETE FROM conversations WHERE user_id = ?", (user_id,))
+            db.execute("DELETE FROM user_profiles WHERE user_id = ?", (user_id,))
+
+        await self._run(self._write(work))
+
+
+# -- row helpers (run on the worker thread) -------------------------------------------------
+
+
+def _ensure_profile(db: sqlite3.Connection, user_id: str, stamp: str) -> None:
+    db.execute(
+        "INSERT OR IGNORE INTO user_profiles (user_id, profile_data, updated_at) VALUES (?, ?, ?)",
+        (user_id, dumps(Profile(user_id).to_dict()), stamp),
+    )
+
+
+def _put_profile(db: sqlite3.Connection, profile: Profile, stamp: str) -> None:
+    db.execute(
+        "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES (?, ?, ?) "
+        "ON CONFLICT(user_id) DO UPDATE SET profile_data = excluded.profile_data, "
+        "updated_at = excluded.updated_at",
+        (profile.user_id, dumps(profile.to_dict()), stamp),
+    )
+
+
+def _conversation_owner(db: sqlite3.Connection, conversation_id: str) -> str | None:
+    row = db.execute(
+        "SELECT user_id FROM conversations WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def _find_conversation(
+    db: sqlite3.Connection, conversation_id: str, user_id: str, missing: type[Exception] | None
+) -> Any:
+    row = db.execute(
+        "SELECT conversation_id, user_id, conversation_data, message_count, updated_at "
+        "FROM conversations WHERE conversation_id = ? AND user_id = ?",
+        (conversation_id, user_id),
+    ).fetchone()
+    if row is None:
+        if missing is None:
+            return None
+        raise missing(_no_conversation(conversation_id, user_id))
+    return _conversation(row)
+
+
+def _no_conversation(conversation_id: str, user_id: str) -> str:
+    return (
+        f"no conversation {conversation_id!r} for user {user_id!r} "
+        "(`cogency conversations --user USER` lists them)"
+    )
+
+
+def _conversation(row: tuple[Any, ...]) -> ConversationRecord:
+    conversation_id, user_id, data, count, updated = row
+    return ConversationRecord(
+        conversation_id,
+        user_id,
+        decode(data, "conversations", conversation_id, "conversation_data"),
+        count,
+        _time.parse(updated) if updated else None,
+    )
+
+
+def _task(row: tuple[Any, ...]) -> TaskRecord:
+    task_id, user_id, conversation_id, query, data, version, runner, updated = row
+    return TaskRecord(
+        task_id,
+        user_id,
+        conversation_id,
+        query,
+        decode(data, "task_workspaces", task_id, "workspace_data"),
+        version,
+        runner,
+        _time.parse(updated) if updated else None,
+    )
+
+
+def _check_version(db: sqlite3.Connection, batch: SaveBatch) -> int:
+    row = db.execute(
+        "SELECT version FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+        (batch.task_id, batch.user_id),
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(
+            f"task {batch.task_id!r} of user {batch.user_id!r} has no workspace "
+            "(it completed or was deleted); start a new task"
+        )
+    if row[0] != batch.expected_version:
+        raise ConflictError(
+            f"task {batch.task_id!r} was saved by someone else (version {row[0]}, this copy has "
+            f"{batch.expected_version}); continue_task again to get the current workspace"
+        )
+    return int(row[0])
+
+
+def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
+    count = len(batch.messages)
+    # Bumping the counter takes the seq range; BEGIN IMMEDIATE serializes writers.
+    row = db.execute(
+        "UPDATE conversations SET message_count = message_count + ?, updated_at = ? "
+        "WHERE conversation_id = ? AND user_id = ? RETURNING message_count",
+        (count, stamp, batch.conversation_id, batch.user_id),
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(_no_conversation(batch.conversation_id, batch.user_id))
+    first = row[0] - count + 1
+    for offset, message in enumerate(batch.messages):
+        message["seq"] = first + offset
+    db.executemany(
+        "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, tokens, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (batch.conversation_id, m["seq"], m["role"], m["content"], m.get("task_id"),
+             m.get("tokens", 0), m.get("created_at") or stamp)
+            for m in batch.messages
+        ],
+    )
+
+
+def _window(
+    rows: Iterable[tuple[Any, ...]], token_budget: int | None, limit: int | None
+) -> list[dict[str, Any]]:
+    picked: list[dict[str, Any]] = []
+    used = 0
+    for seq, role, content, task_id, tokens, created in rows:
+        if limit is not None and len(picked) >= limit:
+            break
+        if token_budget is not None and used + tokens > token_budget:
+            break
+        used += tokens
+        picked.append(
+            {"role": role, "content": content, "seq": seq, "task_id": task_id, "tokens": tokens,
+             "created_at": created}
+        )
+    picked.reverse()
+    return picked
+
+
+def _storage_error(exc: sqlite3.Error, path: str) -> StorageError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StoreUnavailableError(
+            f"the database {path!r} stayed locked ({text}); another process holds a write lock "
+            "too long: retry, or raise busy_timeout"
+        )
+    if "full" in text:
+        return StorageError(f"the disk holding {path!r} is full ({text}); free space and retry")
+    if "not a database" in text or "malformed" in text:
+        return StorageError(f"{path!r} is not a usable SQLite database ({text})")
+    if "unable to open" in text or "readonly" in text:
+        return StorageError(
+            f"cannot open the database {path!r} for writing ({text}); check the path and "
+            "its permissions"
+        )
+    return StorageError(f"database error on {path!r}: {text}")

@@ -1,0 +1,54 @@
+"""Offline token counting with the cl100k_base encoding shipped in the package.
+
+tiktoken downloads its encodings at run time; Cogency ships the file so counting
+works with no network. The encoding loads once, on first use.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tiktoken
+
+_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+
+
+@cache
+def _encoding() -> tiktoken.Encoding:
+    import tiktoken
+
+    raw = resources.files("cogency._data").joinpath("cl100k_base.tiktoken.gz").read_bytes()
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in gzip.decompress(raw).splitlines() if line)
+    }
+    return tiktoken.Encoding(
+        "cl100k_base", pat_str=_PATTERN, mergeable_ranks=ranks, special_tokens={}
+    )
+
+
+def count_tokens(text: str) -> int:
+    """Number of cl100k_base tokens in ``text`` (special-token text counts as plain text)."""
+    if not text:
+        return 0
+    return len(_encoding().encode_ordinary(text))
+
+
+def truncate_tokens(text: str, limit: int, marker: str = " …[truncated]") -> str:
+    """``text`` cut to at most ``limit`` tokens, marked when cut."""
+    if limit <= 0:
+        return ""
+    encoding = _encoding()
+    ids = encoding.encode_ordinary(text)
+    if len(ids) <= limit:
+        return text
+    keep = max(limit - len(encoding.encode_ordinary(marker)), 0)
+    return encoding.decode(ids[:keep]) + marker

@@ -1,0 +1,321 @@
+"""Tools: typed functions the model may call, with schemas, validation and time limits."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args, get_origin, overload
+
+from ..errors import ToolArgumentError, ToolError
+
+DEFAULT_TIMEOUT = 30.0
+MAX_OUTPUT_CHARS = 20_000
+"""Tool output kept in the conversation; longer output is cut and marked."""
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+
+
+@dataclass
+class Tool:
+    """A callable the model can use: a name, a description, a JSON schema for its arguments.
+
+    ``func`` may be sync (run in a thread) or async. Arguments are checked against
+    ``parameters`` before the call; a call that raises or exceeds ``timeout`` seconds becomes
+    an error result the model sees.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    func: Callable[..., Any]
+    timeout: float = DEFAULT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ToolError(
+                f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-' "
+                "starting with a letter or '_'"
+            )
+        if not callable(self.func):
+            raise ToolError(f"tool {self.name!r}: func must be callable")
+        if self.parameters.get("type") != "object":
+            raise ToolError(f"tool {self.name!r}: parameters must be a JSON schema of type object")
+        if not self.timeout or self.timeout <= 0:
+            raise ToolError(f"tool {self.name!r}: timeout must be a positive number of seconds")
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        """``args`` checked against the schema (ints accepted for numbers); raises
+        :class:`~cogency.errors.ToolArgumentError` saying what is wrong."""
+        if args is None:
+            args = {}
+        _check(args, self.parameters, "args", self.name)
+        return args
+
+    async def __call__(self, **args: Any) -> Any:
+        if inspect.iscoroutinefunction(self.func):
+            return await self.func(**args)
+        result = await asyncio.to_thread(self.func, **args)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    def signature(self) -> str:
+        """One line for the prompt: ``name(arg: type, ...): description``."""
+        props = self.parameters.get("properties", {})
+        required = set(self.parameters.get("required", []))
+        args = ", ".join(
+            f"{key}: {_type_name(spec)}{'' if key in required else ' = optional'}"
+            for key, spec in props.items()
+        )
+        return f"{self.name}({args}): {self.description}"
+
+
+@overload
+def tool(func: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a :class:`Tool` of a typed, documented function (``@tool`` or ``@tool(timeout=5)``).
+
+    The schema comes from the signature's annotations (str, int, float, bool, list[...],
+    dict, Literal[...], Enum, ``X | None``); the description and per-argument help come from
+    the docstring (its first paragraph, and an ``Args:`` section).
+    """
+
+    def build(fn: Callable[..., Any]) -> Tool:
+        summary, arg_docs = _parse_doc(inspect.getdoc(fn) or "")
+        text = description or summary
+        if not text:
+            raise ToolError(
+                f"tool {fn.__name__!r} needs a description: add a docstring or pass description="
+            )
+        return Tool(
+            name=name or fn.__name__,
+            description=text,
+            parameters=_schema_of(fn, arg_docs),
+            func=fn,
+            timeout=timeout,
+        )
+
+    return build(func) if func is not None else build
+
+
+async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run one validated call; failures come back as ``{"ok": False, "error": ...}``."""
+    if tool_ is None:
+        return {"name": name, "args": args, "ok": False, "error": f"unknown tool {name!r}"}
+    try:
+        value = await asyncio.wait_for(tool_(**args), timeout=tool_.timeout)
+    except asyncio.TimeoutError:
+        return {
+            "name": name, "args": args, "ok": False,
+            "error": f"timed out after {tool_.timeout:g}s",
+        }
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the model sees the failure as the call's result
+        return {"name": name, "args": args, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"name": name, "args": args, "ok": True, "output": _render(value)}
+
+
+async def run_tools(
+    tools: dict[str, Tool], calls: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Run the calls of one step concurrently; results keep the order of the calls."""
+    return list(
+        await asyncio.gather(
+            *(run_tool(tools.get(call["name"]), call["name"], call.get("args") or {})
+              for call in calls)
+        )
+    )
+
+
+def _render(value: Any) -> str:
+    if value is None:
+        text = ""
+    elif isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            text = repr(value)
+    if len(text) > MAX_OUTPUT_CHARS:
+        text = text[:MAX_OUTPUT_CHARS] + f"\n…[cut: {len(text) - MAX_OUTPUT_CHARS} more characters]"
+    return text
+
+
+# -- schemas from signatures ---------------------------------------------------------------
+
+
+def _schema_of(fn: Callable[..., Any], docs: dict[str, str]) -> dict[str, Any]:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ToolError(f"tool {fn.__name__!r}: cannot read its type hints ({exc})") from exc
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolError(f"tool {fn.__name__!r}: *args and **kwargs cannot be described")
+        if param.name not in hints:
+            raise ToolError(
+                f"tool {fn.__name__!r}: argument {param.name!r} needs a type annotation"
+            )
+        spec = _type_schema(hints[param.name], f"{fn.__name__}.{param.name}")
+        if param.name in docs:
+            spec["description"] = docs[param.name]
+        if param.default is param.empty:
+            required.append(param.name)
+        elif param.default is None or isinstance(param.default, (str, int, float, bool)):
+            spec["default"] = param.default
+        properties[param.name] = spec
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+def _type_schema(hint: Any, where: str) -> dict[str, Any]:
+    origin = get_origin(hint)
+    if hint is str:
+        return {"type": "string"}
+    if hint is bool:
+        return {"type": "boolean"}
+    if hint is int:
+        return {"type": "integer"}
+    if hint is float:
+        return {"type": "number"}
+    if hint is Any:
+        return {}
+    if hint is type(None):
+        return {"type": "null"}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"enum": [member.value for member in hint]}
+    if hint in (list, tuple) or origin in (list, tuple, Sequence):
+        args = get_args(hint)
+        return {"type": "array", **({"items": _type_schema(args[0], where)} if args else {})}
+    if hint is dict or origin is dict:
+        args = get_args(hint)
+        spec: dict[str, Any] = {"type": "object"}
+        if len(args) == 2 and args[1] is not Any:
+            spec["additionalProperties"] = _type_schema(args[1], where)
+        return spec
+    if origin is Literal:
+        return {"enum": list(get_args(hint))}
+    if origin in (Union, types.UnionType):
+        options = [_type_schema(arg, where) for arg in get_args(hint)]
+        return {"anyOf": options}
+    raise ToolError(f"{where}: cannot describe the type {hint!r} in a JSON schema")
+
+
+def _type_name(spec: dict[str, Any]) -> str:
+    if "enum" in spec:
+        return " | ".join(json.dumps(v) for v in spec["enum"])
+    if "anyOf" in spec:
+        return " | ".join(_type_name(s) for s in spec["anyOf"])
+    if spec.get("type") == "array" and "items" in spec:
+        return f"list[{_type_name(spec['items'])}]"
+    return str(spec.get("type", "any"))
+
+
+def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:
+    summary = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+    args: dict[str, str] = {}
+    match = re.search(r"^(?:Args|Arguments|Parameters):\s*$(.*?)(?:^\S|\Z)", doc, re.M | re.S)
+    if match:
+        current = None
+        for line in match.group(1).splitlines():
+            item = re.match(r"^\s+(\w+)(?:\s*\([^)]*\))?\s*:\s*(.*)$", line)
+            if item:
+                current = item.group(1)
+                args[current] = item.group(2).strip()
+            elif current and line.strip():
+                args[current] += " " + line.strip()
+    return summary, args
+
+
+# -- validation ----------------------------------------------------------------------------
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def _check(value: Any, spec: dict[str, Any], path: str, tool_name: str) -> None:
+    def fail(message: str) -> None:
+        raise ToolArgumentError(f"tool {tool_name!r}: {path} {message}")
+
+    if "anyOf" in spec:
+        for option in spec["anyOf"]:
+            try:
+                _check(value, option, path, tool_name)
+                return
+            except ToolArgumentError:
+                continue
+        fail(f"must be {_type_name(spec)}, got {_describe(value)}")
+    if "enum" in spec and value not in spec["enum"]:
+        fail(f"must be one of {', '.join(json.dumps(v) for v in spec['enum'])}, got {_describe(value)}")
+    kind = spec.get("type")
+    if kind is not None:
+        kinds = kind if isinstance(kind, list) else [kind]
+        if not any(_JSON_TYPES[k](value) for k in kinds if k in _JSON_TYPES):
+            fail(f"must be {'/'.join(kinds)}, got {_describe(value)}")
+    if isinstance(value, float) and value != value:
+        fail("must be a number, got NaN")
+    if isinstance(value, str) and "maxLength" in spec and len(value) > spec["maxLength"]:
+        fail(f"is longer than {spec['maxLength']} characters")
+    if isinstance(value, list) and "items" in spec:
+        for index, item in enumerate(value):
+            _check(item, spec["items"], f"{path}[{index}]", tool_name)
+    if isinstance(value, dict):
+        props = spec.get("properties", {})
+        for key in spec.get("required", []):
+            if key not in value:
+                fail(f"is missing the required argument {key!r}")
+        extra = spec.get("additionalProperties", True)
+        for key, item in value.items():
+            if not isinstance(key, str):
+                fail("has a non-string key")
+            if key in props:
+                _check(item, props[key], f"{path}.{key}", tool_name)
+            elif extra is False:
+                allowed = ", ".join(props) or "none"
+                fail(f"has an unknown argument {key!r} (allowed: {allowed})")
+            elif isinstance(extra, dict):
+                _check(item, extra, f"{path}.{key}", tool_name)
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=repr) if not isinstance(value, str) else repr(value)
+    kind = type(value).__name__
+    return f"{kind} {text[:60]}{'…' if len(text) > 60 else ''}"
+
