@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,6 +267,12 @@ class Agent:
         except asyncio.CancelledError:
             ex.stop_reason = "cancelled"
             await asyncio.shield(self._settle(state, runner))
+            raise
+        except BaseException:
+            # A storage failure or a bug: keep what can be kept and free the task for resume.
+            ex.stop_reason = ex.stop_reason or "error"
+            with contextlib.suppress(Exception):
+                await self._settle(state, runner)
             raise
         await self._settle(state, runner)
         emit(End(task, ex.stop_reason or "error", ex.iteration))
