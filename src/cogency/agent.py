@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from .errors import LLMError, UsageError
 from .events import Action, End, Error, Event, Reason, Response, Result, Start, Token
 from .llm.base import LLM, Usage
 from .llm.resolve import resolve_llm
-from .memory.memory import Memory
+from .memory.memory import Memory, interaction_of
 from .reason import reason
 from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, check_id
 from .storage import open_store
@@ -29,6 +30,11 @@ STOP_REASONS = (
 NO_PROGRESS_LIMIT = 3
 """Consecutive steps with neither a response nor an action before the run stops."""
 REFUSAL = "I can't help with that request."
+CANCELLED_RESULT = {
+    "ok": False, "cancelled": True,
+    "error": "cancelled before it finished (it may or may not have taken effect)",
+}
+"""The result stored for a call the run was cancelled in: resume never replays it."""
 
 
 @dataclass
@@ -152,6 +158,8 @@ class Agent:
         if self._closed:
             return
         self._closed = True
+        if self.memory is not None:
+            await self.memory.close()  # waits (bounded) for pending learning; never raises
         if self._owns_store:
             await self.store.close()
         if self._owns_llm:
@@ -168,7 +176,10 @@ class Agent:
     async def _run_and_settle(
         self, query: str, user_id: str, conversation_id: str | None
     ) -> AgentResult:
-        return await self.run(query, user_id, conversation_id)
+        result = await self.run(query, user_id, conversation_id)
+        if self.memory is not None:
+            await self.memory.settle()  # asyncio.run would cancel learning left pending
+        return result
 
     async def _collect(self, events: AsyncIterator[Event]) -> AgentResult:
         async for _ in events:
@@ -192,11 +203,21 @@ class Agent:
         await self.store.claim_task(state.task_id, state.user_id, runner)
         ex, usage, error = state.execution, Usage(), None
         task = state.task_id
+        recorded = _recorded_results(ex.messages, task)
+        saving: asyncio.Future[None] | None = None
+
+        async def save() -> None:
+            # Shielded: a cancellation never parts a write from the state's record of it.
+            nonlocal saving
+            saving = asyncio.ensure_future(autosave(state))
+            await asyncio.shield(saving)
+
         emit(Start(task, state.conversation.conversation_id, state.query, resumed))
         try:
-            if not resumed:
+            # A resumed task killed before its first save has no message yet: add the query.
+            if not resumed or not any(m.get("task_id") == task for m in ex.messages):
                 add_message(state, "user", state.query)
-                await autosave(state)
+                await save()
             memory = await self.memory.activate(state.user_id) if self.memory else ""
             while True:
                 if ex.iteration >= ex.max_iterations:
@@ -236,14 +257,21 @@ class Agent:
                     ex.response = step.response or REFUSAL
                     ex.stop_reason = "security"
                 elif step.actions:
-                    ex.set_tool_calls(step.actions)
-                    add_message(state, "assistant", dumps({"actions": step.actions}))
+                    # A call whose result this task already stored (before a crash) is not run
+                    # again: its recorded result is reused and nothing is stored twice.
+                    replayed = [_take_recorded(recorded, call) for call in step.actions]
+                    fresh = [call for call, old in zip(step.actions, replayed) if old is None]
+                    ex.set_tool_calls(fresh)
+                    if fresh:
+                        add_message(state, "assistant", dumps({"actions": fresh}))
                     for call in step.actions:
                         emit(Action(task, ex.iteration, call["name"], call["args"]))
-                    results = await run_tools(self.tools, step.actions)
+                    ran = iter(await run_tools(self.tools, fresh))
+                    results = [old if old is not None else next(ran) for old in replayed]
                     ex.complete_tool_calls(results)
-                    for result in results:
-                        add_message(state, "tool", dumps(result))
+                    for result, old in zip(results, replayed):
+                        if old is None:
+                            add_message(state, "tool", dumps(result))
                         emit(Result(task, ex.iteration, result["name"], result["ok"],
                                     result.get("output", result.get("error", ""))))
                     ex.iterations_without_tools = 0
@@ -260,13 +288,15 @@ class Agent:
                     break
                 if ex.stop_reason:
                     break
-                await autosave(state)
+                await save()
         except LLMError as exc:
             ex.stop_reason, error = "error", str(exc)
             emit(Error(task, error, fatal=True))
         except asyncio.CancelledError:
             ex.stop_reason = "cancelled"
-            await asyncio.shield(self._settle(state, runner))
+            for call in ex.pending_calls:  # every stored action keeps a result: no half step
+                add_message(state, "tool", dumps({**call, **CANCELLED_RESULT}))
+            await asyncio.shield(self._settle(state, runner, saving))
             raise
         except BaseException:
             # A storage failure or a bug: keep what can be kept and free the task for resume.
@@ -275,6 +305,9 @@ class Agent:
                 await self._settle(state, runner)
             raise
         await self._settle(state, runner)
+        if self.memory is not None and ex.stop_reason == "completed":
+            # In the background: the answer never waits for learning; close() settles it.
+            self.memory.learn_later(state.user_id, interaction_of(state))
         emit(End(task, ex.stop_reason or "error", ex.iteration))
         return AgentResult(
             response=ex.response,
@@ -287,8 +320,16 @@ class Agent:
             security_assessment=state.security_assessment,
         )
 
-    async def _settle(self, state: State, runner: str) -> None:
-        """Complete the task on an answer or refusal; otherwise save it and let it go."""
+    async def _settle(
+        self, state: State, runner: str, saving: asyncio.Future[None] | None = None
+    ) -> None:
+        """Complete the task on an answer or refusal; otherwise save it and let it go.
+
+        ``saving`` is a save a cancellation interrupted: it finishes first, so nothing is
+        written twice.
+        """
+        if saving is not None:
+            await asyncio.wait([saving])  # if it failed, the save below retries it
         if state.execution.stop_reason in ("completed", "security"):
             await state.complete_task()
             return
@@ -333,6 +374,41 @@ class _EventStream:
             if not task.done():
                 task.cancel()
                 await asyncio.wait([task])
+
+
+def _recorded_results(
+    messages: Sequence[dict[str, Any]], task_id: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Tool results ``task_id`` stored in earlier runs, by call (name and arguments).
+
+    Only a resumed task has any. Results older than the loaded history window are not seen.
+    """
+    recorded: dict[str, list[dict[str, Any]]] = {}
+    for message in messages:
+        if message.get("role") != "tool" or message.get("task_id") != task_id:
+            continue
+        try:
+            result = json.loads(message["content"])
+        except ValueError:
+            continue
+        if isinstance(result, dict) and isinstance(result.get("name"), str):
+            if result.get("cancelled"):
+                continue  # interrupted, not a result: the call may run again
+            key = _call_key(result["name"], result.get("args") or {})
+            recorded.setdefault(key, []).append(result)
+    return recorded
+
+
+def _take_recorded(
+    recorded: dict[str, list[dict[str, Any]]], call: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The oldest unused recorded result of this exact call, each reused at most once."""
+    results = recorded.get(_call_key(call["name"], call.get("args") or {}))
+    return results.pop(0) if results else None
+
+
+def _call_key(name: str, args: Any) -> str:
+    return json.dumps([name, args], sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _is_store(value: Any) -> bool:

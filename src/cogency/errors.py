@@ -67,6 +67,9 @@ class StoreUnavailableError(StorageError):
 class LLMError(CogencyError):
     """The model call failed."""
 
+    retried: bool = False
+    """True when the adapter already retried (or knows retrying cannot help): retry no more."""
+
 
 class AuthenticationError(LLMError):
     """The provider rejected the API key."""

@@ -115,7 +115,7 @@ async def _complete(
         except _NOT_RETRYABLE:
             raise
         except Exception as exc:
-            if attempt == retries:
+            if attempt == retries or getattr(exc, "retried", False):
                 if isinstance(exc, LLMError):
                     raise
                 raise LLMError(f"{llm.name} failed: {type(exc).__name__}: {exc}") from exc
@@ -200,15 +200,20 @@ def _first_object(text: str) -> dict[str, Any] | None:
     tries = 0
     while start != -1 and tries < 32:
         tries += 1
-        for attempt in (text[start:], _strip_trailing_commas(text[start:])):
-            try:
-                value, _ = decoder.raw_decode(attempt)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(value, dict):
-                return value
+        value = _decode(decoder, text[start:])
+        if value is None:  # only then pay for the repair: most replies are clean JSON
+            value = _decode(decoder, _strip_trailing_commas(text[start:]))
+        if isinstance(value, dict):
+            return value
         start = text.find("{", start + 1)
     return None
+
+
+def _decode(decoder: json.JSONDecoder, text: str) -> Any:
+    try:
+        return decoder.raw_decode(text)[0]
+    except (ValueError, RecursionError):
+        return None
 
 
 def _strip_trailing_commas(text: str) -> str:

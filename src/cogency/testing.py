@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sized
 from typing import Any, Union
 
 from .errors import ScriptExhaustedError, UsageError
@@ -25,6 +27,9 @@ class ScriptedLLM(LLM):
     returning one of those (it may be async, e.g. to wait on an event). ``calls`` holds the
     message lists it was sent: the lists themselves, never copies. ``delay`` seconds are
     awaited per call; ``chunk`` > 0 streams the reply in pieces of that many characters.
+
+    ``responses`` may be a list or any iterable, read lazily: a generator gives an endless
+    script (benchmarks, soak tests) without holding every reply in memory.
     """
 
     name = "scripted"
@@ -38,8 +43,9 @@ class ScriptedLLM(LLM):
         context_window: int = 128_000,
         count_usage: bool = False,
     ) -> None:
-        self._script = list(responses)
-        self._next = 0
+        self._queue: deque[ScriptItem] = deque()
+        self._source: Iterator[ScriptItem] | None = None
+        self.extend(responses)
         self.delay = delay
         self.chunk = chunk
         self.context_window = context_window
@@ -47,13 +53,29 @@ class ScriptedLLM(LLM):
         self.calls: list[list[Message]] = []
 
     @property
-    def remaining(self) -> int:
-        """Replies not yet used."""
-        return len(self._script) - self._next
+    def remaining(self) -> int | None:
+        """Replies not yet used; ``None`` while an iterator script may still yield more."""
+        return len(self._queue) if self._source is None else None
 
     def extend(self, responses: Iterable[ScriptItem]) -> None:
         """Add replies to the end of the script."""
-        self._script.extend(responses)
+        if self._source is None and isinstance(responses, Sized):
+            self._queue.extend(responses)
+            return
+        later = iter(responses)
+        self._source = later if self._source is None else itertools.chain(self._source, later)
+
+    def _take(self) -> ScriptItem:
+        if self._queue:
+            return self._queue.popleft()
+        if self._source is not None:
+            for item in self._source:
+                return item
+            self._source = None
+        raise ScriptExhaustedError(
+            f"ScriptedLLM was called {len(self.calls)} times but has only "
+            f"{len(self.calls) - 1} replies; add more replies to the script"
+        )
 
     async def generate(
         self, messages: list[Message], *, schema: dict[str, Any] | None = None
@@ -61,13 +83,7 @@ class ScriptedLLM(LLM):
         if not isinstance(messages, list):
             raise UsageError("messages must be a list of {'role', 'content'} dicts")
         self.calls.append(messages)
-        if self._next >= len(self._script):
-            raise ScriptExhaustedError(
-                f"ScriptedLLM was called {len(self.calls)} times but has only "
-                f"{len(self._script)} replies; add more replies to the script"
-            )
-        item = self._script[self._next]
-        self._next += 1
+        item = self._take()
         if self.delay:
             await asyncio.sleep(self.delay)
         if callable(item):

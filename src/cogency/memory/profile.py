@@ -28,6 +28,11 @@ _LIST_BOUNDS = {
     "failure_patterns": MAX_PATTERNS,
 }
 _MAP_BOUNDS = {"preferences": MAX_PREFERENCES, "projects": MAX_PROJECTS}
+SYNTHESIS_FIELDS = (
+    "preferences", "goals", "expertise_areas", "communication_style", "projects", "interests",
+    "constraints", "success_patterns", "failure_patterns",
+)
+"""The learned fields: what consolidation rewrites (the rest is identity and metadata)."""
 
 
 @dataclass
@@ -68,6 +73,7 @@ class Profile:
             raise UsageError("profile data must be an object with a string 'user_id'")
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
+        _check_shapes(values)
         for name in ("created_at", "last_updated"):
             if name in values:
                 values[name] = _time.parse(values[name])
@@ -92,21 +98,60 @@ class Profile:
         self.last_updated = _time.now()
         if not isinstance(insights, dict):
             return
-        _merge_map(self.preferences, insights.get("preferences"))
-        _extend(self.goals, insights.get("goals"))
-        _extend(self.expertise_areas, insights.get("expertise"))
-        _extend(self.interests, insights.get("interests"))
-        _extend(self.constraints, insights.get("constraints"))
+        _merge_map(self.preferences, insights.get("preferences"), MAX_PREFERENCES)
+        _extend(self.goals, insights.get("goals"), MAX_GOALS)
+        _extend(self.expertise_areas, insights.get("expertise"), MAX_EXPERTISE)
+        _extend(self.interests, insights.get("interests"), MAX_INTERESTS)
+        _extend(self.constraints, insights.get("constraints"), MAX_CONSTRAINTS)
         style = _text(insights.get("communication_style"))
         if style:
             self.communication_style = style
-        _merge_map(self.projects, insights.get("project_context"))
+        _merge_map(self.projects, insights.get("project_context"), MAX_PROJECTS)
         for key, target in (
             ("success_pattern", self.success_patterns),
             ("failure_pattern", self.failure_patterns),
         ):
-            _extend(target, [insights.get(key)])
+            _extend(target, [insights.get(key)], MAX_PATTERNS)
         self.enforce_bounds()
+
+    def learned(self) -> dict[str, Any]:
+        """What has been learned (no ids or metadata), oldest entries first in each field."""
+        return {name: getattr(self, name) for name in SYNTHESIS_FIELDS}
+
+    def apply_synthesis(self, synthesis: dict[str, Any]) -> bool:
+        """Replace fields with a consolidated version of themselves; ``True`` if it was usable.
+
+        Each field of ``synthesis`` that holds a non-empty value of the right shape replaces the
+        stored one (so a contradiction resolved by the model disappears); absent, empty or
+        malformed fields keep what is stored, so a lazy or broken reply never wipes the profile.
+        ``synthesis_version`` goes up when anything usable came back.
+        """
+        if not isinstance(synthesis, dict):
+            return False
+        usable = False
+        for name in SYNTHESIS_FIELDS:
+            value = synthesis.get(name)
+            if name == "communication_style":
+                text = _text(value)
+                if text:
+                    self.communication_style, usable = text, True
+            elif name in _MAP_BOUNDS:
+                fresh: dict[str, Any] = {}
+                _merge_map(fresh, value, _MAP_BOUNDS[name])
+                if fresh:
+                    setattr(self, name, fresh)
+                    usable = True
+            else:
+                items: list[str] = []
+                _extend(items, value, _LIST_BOUNDS[name])
+                if items:
+                    setattr(self, name, items)
+                    usable = True
+        if usable:
+            self.synthesis_version += 1
+            self.last_updated = _time.now()
+            self.enforce_bounds()
+        return usable
 
     def compress(self, max_chars: int = 3200) -> str:
         """The profile as a few labelled lines, newest entries first in importance."""
@@ -134,18 +179,38 @@ class Profile:
         return "\n".join(sections)[:max_chars]
 
 
+def _check_shapes(values: dict[str, Any]) -> None:
+    # Stored data is read back as-is: a wrong shape would surface much later as a crash in
+    # compress() or the synthesizer, far from the row that holds it.
+    for name, value in values.items():
+        if name in _LIST_BOUNDS:
+            ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
+        elif name in _MAP_BOUNDS:
+            ok = isinstance(value, dict)
+        elif name in ("interaction_count", "synthesis_version"):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif name == "communication_style":
+            ok = isinstance(value, str)
+        elif name in ("created_at", "last_updated"):
+            ok = isinstance(value, (str, datetime))
+        else:
+            ok = True
+        if not ok:
+            raise UsageError(f"profile field {name!r} holds {type(value).__name__} {value!r:.60}")
+
+
 def _text(value: Any) -> str:
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value).strip()[:MAX_TEXT]
     return ""
 
 
-def _extend(target: list[str], values: Any) -> None:
+def _extend(target: list[str], values: Any, bound: int) -> None:
     if isinstance(values, str):
         values = [values]
     if not isinstance(values, list):
         return
-    for value in values:
+    for value in values[-bound:]:  # only the newest can survive the bound: skip the rest
         text = _text(value)
         if not text:
             continue
@@ -154,10 +219,10 @@ def _extend(target: list[str], values: Any) -> None:
         target.append(text)
 
 
-def _merge_map(target: dict[str, Any], values: Any) -> None:
+def _merge_map(target: dict[str, Any], values: Any, bound: int) -> None:
     if not isinstance(values, dict):
         return
-    for key, value in values.items():
+    for key, value in list(values.items())[-bound:]:
         key_text, value_text = _text(key), _text(value)
         if key_text and value_text:
             target.pop(key_text, None)  # re-inserted so the newest stays last

@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _time
-from ..errors import UsageError
-from ..storage.base import SaveBatch, TaskRecord
+from ..errors import CorruptDataError, UsageError
+from ..storage.base import ConversationRecord, SaveBatch, TaskRecord
 from ..tokens import count_tokens
 from .conversation import Conversation
 from .execution import Execution
@@ -93,7 +93,7 @@ class State:
             history = await store.load_messages(
                 record.conversation_id, user_id, token_budget=history_tokens
             )
-        state.conversation = Conversation.from_dict(record.data, history)
+        state.conversation = _conversation_from(record, history)
         state.execution.messages = list(history)
         return state
 
@@ -123,7 +123,7 @@ class State:
             query=task.query,
             user_id=user_id,
             task_id=task_id,
-            conversation=Conversation.from_dict(record.data, history),
+            conversation=_conversation_from(record, history),
             workspace=Workspace.from_dict(task.workspace),
             execution=Execution(max_iterations=max_iterations, messages=list(history)),
             store=store,
@@ -216,6 +216,20 @@ def check_id(value: Any, name: str) -> str:
             "characters"
         )
     return value
+
+
+def _conversation_from(
+    record: ConversationRecord, history: list[dict[str, Any]]
+) -> Conversation:
+    # The row's key and owner win over whatever its JSON says (seed-era rows may lack them).
+    data = {**record.data, "conversation_id": record.conversation_id, "user_id": record.user_id}
+    try:
+        return Conversation.from_dict(data, history)
+    except (TypeError, ValueError) as exc:
+        raise CorruptDataError(
+            f"conversations row {record.conversation_id!r} holds conversation_data that cannot "
+            f"be read ({exc}); repair or delete the row"
+        ) from exc
 
 
 def _resolve_store(store: Store | None) -> tuple[Store, bool]:

@@ -117,21 +117,27 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
-def decode(text: str, table: str, key: str, column: str) -> Any:
-    """Parse stored JSON, naming the row when it is corrupt."""
+def decode(text: str, table: str, key: str, column: str) -> dict[str, Any]:
+    """Parse a stored JSON object, naming the row when it is corrupt (every column holds one)."""
     try:
-        return loads(text)
+        data = loads(text)
     except (TypeError, ValueError) as exc:
         raise CorruptDataError(
             f"{table} row {key!r} holds invalid JSON in {column} ({exc}); "
             "restore it from a backup or delete the row"
         ) from exc
+    if not isinstance(data, dict):
+        raise CorruptDataError(
+            f"{table} row {key!r} holds a JSON {type(data).__name__} in {column} where an object "
+            "belongs; restore it from a backup or delete the row"
+        )
+    return data
 
 
 def decode_profile(text: str, user_id: str) -> Profile:
     data = decode(text, "user_profiles", user_id, "profile_data")
     try:
-        return Profile.from_dict({**data, "user_id": user_id} if isinstance(data, dict) else data)
+        return Profile.from_dict({**data, "user_id": user_id})
     except (TypeError, ValueError) as exc:
         raise CorruptDataError(
             f"user_profiles row {user_id!r} holds a profile that cannot be read ({exc}); "
@@ -144,8 +150,20 @@ def new_runner() -> str:
     return f"{socket.gethostname()}|{os.getpid()}|{_process_start(os.getpid())}|{uuid.uuid4().hex}"
 
 
+_ABANDONED: set[str] = set()
+"""Runs of this process that ended but could not clear their claim (the database failed)."""
+
+
+def abandon_runner(runner: str) -> None:
+    """Record that ``runner`` (of this process) has ended though its row may still name it,
+    so the task can be resumed without waiting for the process to exit."""
+    _ABANDONED.add(runner)
+
+
 def runner_alive(runner: str) -> bool:
     """Whether the process that wrote ``runner`` still runs (unknown hosts count as alive)."""
+    if runner in _ABANDONED:
+        return False
     try:
         host, pid_text, start, _ = runner.split("|")
         pid = int(pid_text)

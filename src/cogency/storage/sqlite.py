@@ -13,6 +13,7 @@ from .. import _time
 from .._json import dumps
 from ..errors import (
     ConflictError,
+    CorruptDataError,
     NotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -27,6 +28,7 @@ from .base import (
     SaveBatch,
     TaskRecord,
     decode,
+    abandon_runner,
     decode_profile,
     runner_alive,
 )
@@ -82,18 +84,34 @@ def _m002_conversation_messages(db: sqlite3.Connection) -> None:
         CREATE INDEX conversations_by_user ON conversations(user_id, updated_at);
         """
     )
+    # The seeds never turned foreign keys on, so their files may name users with no profile
+    # row; give those a default profile so the enforced keys hold from here on.
+    stamp = _time.now().isoformat()
+    for (user_id,) in db.execute(
+        "SELECT user_id FROM conversations UNION SELECT user_id FROM task_workspaces "
+        "EXCEPT SELECT user_id FROM user_profiles"
+    ).fetchall():
+        db.execute(
+            "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES (?, ?, ?)",
+            (user_id, dumps(Profile(user_id).to_dict()), stamp),
+        )
     # Databases of the seeds kept messages as a JSON list inside conversation_data.
     rows = db.execute("SELECT conversation_id, conversation_data FROM conversations").fetchall()
     for conversation_id, text in rows:
         data = decode(text, "conversations", conversation_id, "conversation_data")
-        messages = data.pop("messages", None) if isinstance(data, dict) else None
-        if not messages:
+        if "messages" not in data:
             continue
+        messages = data.pop("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise CorruptDataError(
+                f"conversations row {conversation_id!r} holds a 'messages' value that is not a "
+                "list of objects; repair or delete the row, then open the database again"
+            )
         from ..tokens import count_tokens
 
-        stamp = _time.now().isoformat()
         for seq, message in enumerate(messages, start=1):
-            content = str(message.get("content", ""))
+            content = message.get("content", "")
+            content = content if isinstance(content, str) else dumps(content)
             db.execute(
                 "INSERT INTO conversation_messages VALUES (?, ?, ?, ?, NULL, ?, ?)",
                 (conversation_id, seq, str(message.get("role", "user")), content,
@@ -379,14 +397,18 @@ class SQLiteStore:
         await self._run(self._write(work))
 
     async def release_task(self, task_id: str, runner: str) -> None:
-        await self._run(
-            self._write(
-                lambda db: db.execute(
-                    "UPDATE task_workspaces SET runner = NULL WHERE task_id = ? AND runner = ?",
-                    (task_id, runner),
+        try:
+            await self._run(
+                self._write(
+                    lambda db: db.execute(
+                        "UPDATE task_workspaces SET runner = NULL WHERE task_id = ? AND runner = ?",
+                        (task_id, runner),
+                    )
                 )
             )
-        )
+        except BaseException:
+            abandon_runner(runner)  # the run is over even if its row still names it
+            raise
 
     async def save(self, batch: SaveBatch) -> int:
         def work(db: sqlite3.Connection) -> int:

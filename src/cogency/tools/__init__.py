@@ -1,5 +1,33 @@
 """Tools the model can call: ``Tool``, the ``@tool`` decorator, and opt-in built-ins."""
 
+from typing import Any
+
 from .base import DEFAULT_TIMEOUT, Tool, run_tools, tool
 
-__all__ = ["DEFAULT_TIMEOUT", "Tool", "run_tools", "tool"]
+_BUILTINS = {
+    "files_tools": "files",
+    "http_tool": "http",
+    "sandbox_available": "shell",
+    "shell_tool": "shell",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The built-ins are imported on use: http.client, ssl and subprocess are not cheap.
+    if name in _BUILTINS:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_BUILTINS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Tool",
+    "files_tools",
+    "http_tool",
+    "run_tools",
+    "sandbox_available",
+    "shell_tool",
+    "tool",
+]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, overload
 
+from .._redact import redact
 from ..errors import ToolArgumentError, ToolError
 
 DEFAULT_TIMEOUT = 30.0
@@ -134,7 +135,8 @@ async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the model sees the failure as the call's result
-        return {"name": name, "args": args, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        error = redact(f"{type(exc).__name__}: {exc}")  # before it is stored or shown
+        return {"name": name, "args": args, "ok": False, "error": error}
     return {"name": name, "args": args, "ok": True, "output": _render(value)}
 
 
@@ -160,6 +162,7 @@ def _render(value: Any) -> str:
             text = json.dumps(value, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = repr(value)
+    text = redact(text)  # secrets never reach the conversation, the events or the database
     if len(text) > MAX_OUTPUT_CHARS:
         text = text[:MAX_OUTPUT_CHARS] + f"\n…[cut: {len(text) - MAX_OUTPUT_CHARS} more characters]"
     return text

@@ -1,0 +1,130 @@
+"""What situated memory costs a run: latency with ``memory=True`` against ``memory=False``.
+
+Both agents use a ScriptedLLM that takes ``--delay`` seconds per call (50 ms by default, a fast
+hosted model); learning has its own ScriptedLLM with the same delay. Runs alternate between the
+two agents in one process, back to back, so learning of one run overlaps the next run as it
+would in a busy chat. Reported: median run latency of each and their ratio, and the learning
+calls made per interaction (goal: 1, plus 1 per ``synthesis_threshold`` interactions).
+
+    python -m bench.bench_memory            # 60 runs per side
+    python -m bench.bench_memory --quick    # 20 runs per side
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cogency import Agent
+from cogency.memory import Memory
+from cogency.storage import SQLiteStore
+from cogency.testing import ScriptedLLM
+
+ANSWER = {"secure": True, "objective": "answer", "response": "Here is the answer.", "actions": []}
+EXTRACTION = {
+    "preferences": [{"key": "language", "value": "Rust"}], "goals": ["ship the release"],
+    "expertise": ["systems programming"], "communication_style": "concise",
+    "project_context": [{"key": "cogency", "value": "agent framework"}], "interests": [],
+    "constraints": [], "success_pattern": "short code examples", "failure_pattern": "",
+}
+SYNTHESIS = {
+    "preferences": [{"key": "language", "value": "Rust"}], "goals": ["ship the release"],
+    "expertise_areas": ["systems programming"], "communication_style": "concise",
+    "projects": [{"key": "cogency", "value": "agent framework"}], "interests": [],
+    "constraints": [], "success_patterns": ["short code examples"], "failure_patterns": [],
+}
+
+
+def _learning_reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return SYNTHESIS if "consolidate" in messages[0]["content"] else EXTRACTION
+
+
+async def bench(runs: int, delay: float, users: int, threshold: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        plain_store = SQLiteStore(Path(tmp) / "plain.db")
+        memory_store = SQLiteStore(Path(tmp) / "memory.db")
+        plain = Agent(llm=ScriptedLLM([ANSWER] * (runs + 2), delay=delay), store=plain_store)
+        learner = ScriptedLLM([_learning_reply] * (4 * runs), delay=delay)
+        remembering = Agent(
+            llm=ScriptedLLM([ANSWER] * (runs + 2), delay=delay),
+            store=memory_store,
+            memory=Memory(llm=learner, synthesis_threshold=threshold),
+        )
+        for agent in (plain, remembering):  # warm up: open the databases, load the tokenizer
+            await agent.run("warm up", user_id="warmup")
+        await remembering.memory.settle()
+        warm_calls = len(learner.calls)
+
+        timings: dict[str, list[float]] = {"off": [], "on": []}
+        for index in range(runs):
+            user = f"user{index % users}"
+            order = [("off", plain), ("on", remembering)]
+            if index % 2:
+                order.reverse()  # neither side always runs first
+            for label, agent in order:
+                started = time.perf_counter()
+                result = await agent.run(f"question {index}", user_id=user)
+                timings[label].append(time.perf_counter() - started)
+                assert result.stop_reason == "completed", result
+        settle_started = time.perf_counter()
+        await remembering.close()
+        settle = time.perf_counter() - settle_started
+        await plain.close()
+        learned = syntheses = 0
+        for number in range(users):
+            profile = await memory_store.load_profile(f"user{number}")
+            assert profile is not None and profile.goals == ["ship the release"]
+            learned += profile.interaction_count
+            syntheses += profile.synthesis_version - 1
+        await plain_store.close()
+        await memory_store.close()
+
+    off, on = statistics.median(timings["off"]), statistics.median(timings["on"])
+    # Each pair ran back to back, so their ratio cancels most of the machine's load drift.
+    paired = statistics.median(a / b for a, b in zip(timings["on"], timings["off"], strict=True))
+    return {
+        "runs": runs,
+        "median_off_ms": off * 1000,
+        "median_on_ms": on * 1000,
+        "ratio": on / off,
+        "paired_ratio": paired,
+        "learning_calls_per_interaction": (len(learner.calls) - warm_calls) / runs,
+        "syntheses": syntheses,
+        "interactions_learned": learned,
+        "settle_on_close_ms": settle * 1000,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 runs per side instead of 60")
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--delay", type=float, default=0.05, help="seconds per LLM call")
+    parser.add_argument("--users", type=int, default=3)
+    parser.add_argument("--threshold", type=int, default=3, help="synthesis_threshold")
+    args = parser.parse_args()
+    runs = args.runs or (20 if args.quick else 60)
+    figures = asyncio.run(bench(runs, args.delay, args.users, args.threshold))
+    print(f"runs per side                  {figures['runs']}")
+    print(f"median run, memory=False       {figures['median_off_ms']:.1f} ms")
+    print(f"median run, memory=True        {figures['median_on_ms']:.1f} ms")
+    print(f"ratio of medians on/off        {figures['ratio']:.3f}  (target <= 1.05)")
+    print(f"median of paired ratios        {figures['paired_ratio']:.3f}")
+    print(
+        f"learning calls per interaction {figures['learning_calls_per_interaction']:.3f}  "
+        f"(1 extraction each + {figures['syntheses']} consolidations in "
+        f"{figures['runs']} interactions; 1 + 1/{args.threshold} = "
+        f"{1 + 1 / args.threshold:.3f} in the long run)"
+    )
+    print(f"interactions learned           {figures['interactions_learned']}")
+    print(f"close() settling learning      {figures['settle_on_close_ms']:.1f} ms")
+    print("absolute figures are noisy on a shared machine; the ratio is what to compare")
+
+
+if __name__ == "__main__":
+    main()

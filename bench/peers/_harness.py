@@ -1,0 +1,374 @@
+"""The cases every framework runs, the same way: scripts, texts, timing, assertions, JSON out.
+
+A framework module (``bench/peers/<name>.py``) provides ``construct``, ``open_session`` and a
+fake model at its own model boundary that reads its replies from a :class:`Script`. This
+module runs one case in the current (fresh) process and prints one JSON line, which the
+runner (``python -m bench``) collects. Frameworks are imported only inside the adapters, after
+telemetry is switched off here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+TELEMETRY_OFF = {
+    "AGNO_TELEMETRY": "false",
+    "AGNO_MONITOR": "false",
+    "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    "OPENAI_AGENTS_DONT_LOG_MODEL_DATA": "1",
+    "OPENAI_AGENTS_DONT_LOG_TOOL_DATA": "1",
+    "LANGCHAIN_TRACING_V2": "false",
+    "LANGCHAIN_TRACING": "false",
+    "LANGSMITH_TRACING": "false",
+    "LANGSMITH_TRACING_V2": "false",
+}
+"""Set in every benchmark process before any framework is imported."""
+
+RESULT_PREFIX = "BENCH_RESULT "
+USER_ID = "bench-user"
+SESSION_ID = "bench-conversation"
+ANSWER_TOOL = "lookup"
+HISTORY_FLOOR = 7
+"""Conversation messages every framework sends the model once its history window is full
+(Agno's default window is the last 3 runs: 6 messages, plus the new one)."""
+
+# -- the same message texts for every framework ------------------------------------------------
+
+_WORDS = (
+    "ledger", "harbor", "quartz", "meadow", "signal", "copper", "lantern", "orbit", "pepper",
+    "canyon", "velvet", "tundra", "marble", "cipher", "willow", "ember", "falcon", "glacier",
+    "hollow", "island", "jasmine", "kernel", "lilac", "mosaic", "nectar", "oyster", "prism",
+)
+
+
+def _prose(seed: int, chars: int) -> str:
+    words, index, length = [], seed, 0
+    while length < chars:
+        index = (index * 1103515245 + 12345) % 2**31
+        words.append(_WORDS[index % len(_WORDS)])
+        length += len(words[-1]) + 1
+    return " ".join(words)[:chars]
+
+
+def user_text(turn: int) -> str:
+    """Turn ``turn``'s user message: about 160 characters, like a one-sentence question."""
+    return f"Turn {turn}: " + _prose(turn, 150)
+
+
+def answer_text(turn: int) -> str:
+    """Turn ``turn``'s answer: about 480 characters, a paragraph."""
+    return f"Answer {turn}: " + _prose(turn + 7919, 465)
+
+
+def raw_text_bytes(turns: int) -> int:
+    """UTF-8 size of every user message and answer of ``turns`` turns."""
+    return sum(len(user_text(t).encode()) + len(answer_text(t).encode()) for t in range(1, turns + 1))
+
+
+# -- the script the fake models read, and the tool -------------------------------------------
+
+
+class Script:
+    """What the fake model answers next. The harness sets a plan per run; fakes call :meth:`next`.
+
+    Plan items are ``("answer", text)`` or ``("tool", name, key)``. Nothing is copied: the fake
+    passes the number of conversation messages it was given (system messages not counted),
+    kept in ``seen`` for the assertions.
+    """
+
+    __slots__ = ("plan", "step", "seen", "calls")
+
+    def __init__(self) -> None:
+        self.plan: tuple[tuple[str, ...], ...] = ()
+        self.step = 0
+        self.seen = 0
+        self.calls = 0
+
+    def set(self, *plan: tuple[str, ...]) -> None:
+        self.plan = plan
+        self.step = 0
+
+    def next(self, seen: int) -> tuple[str, ...]:
+        self.seen = seen
+        self.calls += 1
+        if self.step >= len(self.plan):
+            raise AssertionError(f"the model was called more often than planned ({self.plan!r})")
+        item = self.plan[self.step]
+        self.step += 1
+        return item
+
+
+class ToolLog:
+    """Counts real executions of the tool, so every tool-call run can prove the tool ran."""
+
+    runs = 0
+    last_key = ""
+
+
+async def lookup(key: str) -> str:
+    """Look up the value stored under a key.
+
+    Args:
+        key: the key to look up.
+    """
+    ToolLog.runs += 1
+    ToolLog.last_key = key
+    return f"value-of-{key}"
+
+
+# -- what an adapter provides ------------------------------------------------------------------
+
+
+class Session(Protocol):
+    """One agent bound to one conversation (durable when opened with a database path)."""
+
+    async def turn(self, text: str) -> str:
+        """Send one user message; return the final answer text."""
+        ...
+
+    async def close(self) -> None: ...
+
+    def stored(self, db: sqlite3.Connection) -> int:
+        """How many rows of this conversation the database holds (read with a plain connection)."""
+        ...
+
+
+class Adapter(Protocol):
+    NAME: str
+    DISTRIBUTIONS: tuple[str, ...]
+    IMPORTS: str
+
+    def construct(self, script: Script) -> Any: ...
+
+    async def open_session(self, script: Script, db_path: str | None) -> Session: ...
+
+
+# -- cases -------------------------------------------------------------------------------------
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+def case_construct(adapter: Adapter, repeat: int, warmup: int) -> dict[str, Any]:
+    script = Script()
+    for _ in range(warmup):
+        adapter.construct(script)
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        agent = adapter.construct(script)
+        samples.append(time.perf_counter() - start)
+        _check(agent is not None, "construct returned nothing")
+    return {"samples": samples, "unit": "s"}
+
+
+def case_construct_mem(adapter: Adapter, repeat: int, warmup: int) -> dict[str, Any]:
+    """Peak traced bytes while building one agent (after a warm-up build), and bytes it keeps."""
+    script = Script()
+    for _ in range(max(warmup, 1)):
+        adapter.construct(script)
+    gc.collect()
+    tracemalloc.start()
+    peaks, kept, agents = [], [], []
+    for _ in range(repeat):
+        gc.collect()
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        agents.append(adapter.construct(script))
+        current, peak = tracemalloc.get_traced_memory()
+        peaks.append(peak - before)
+        kept.append(current - before)
+    tracemalloc.stop()
+    return {"samples": peaks, "kept": kept, "unit": "B"}
+
+
+async def case_one_step(adapter: Adapter, repeat: int, warmup: int) -> dict[str, Any]:
+    script = Script()
+    session = await adapter.open_session(script, None)
+    samples = []
+    try:
+        for index in range(warmup + repeat):
+            expected = answer_text(index + 1)
+            script.set(("answer", expected))
+            calls = script.calls
+            start = time.perf_counter()
+            answer = await session.turn(user_text(index + 1))
+            elapsed = time.perf_counter() - start
+            _check(answer == expected, f"one-step answer {answer!r} is not {expected!r}")
+            _check(script.calls == calls + 1, "a one-step run must call the model exactly once")
+            if index >= warmup:
+                samples.append(elapsed)
+    finally:
+        await session.close()
+    return {"samples": samples, "unit": "s"}
+
+
+async def case_tool_call(adapter: Adapter, repeat: int, warmup: int) -> dict[str, Any]:
+    script = Script()
+    session = await adapter.open_session(script, None)
+    samples = []
+    try:
+        for index in range(warmup + repeat):
+            key = f"k{index}"
+            expected = answer_text(index + 1)
+            script.set(("tool", ANSWER_TOOL, key), ("answer", expected))
+            runs = ToolLog.runs
+            start = time.perf_counter()
+            answer = await session.turn(user_text(index + 1))
+            elapsed = time.perf_counter() - start
+            _check(ToolLog.runs == runs + 1 and ToolLog.last_key == key, "the tool did not run")
+            _check(answer == expected, f"tool-call answer {answer!r} is not {expected!r}")
+            _check(script.step == 2, "a tool-call run must call the model twice")
+            if index >= warmup:
+                samples.append(elapsed)
+    finally:
+        await session.close()
+    return {"samples": samples, "unit": "s"}
+
+
+async def _conversation(
+    adapter: Adapter, turns: int, directory: Path, on_turn: Callable[[int, float], None]
+) -> tuple[int, int]:
+    """Run ``turns`` turns of one durable conversation on a fresh file; returns (rows, bytes).
+
+    Every turn asserts the answer, that the model saw more history than the turn before (until
+    the framework's own history window is full), and that the database holds more rows.
+    """
+    path = directory / f"{adapter.NAME}.db"
+    script = Script()
+    session = await adapter.open_session(script, str(path))
+    check = sqlite3.connect(path)
+    rows = 0
+    try:
+        for turn in range(1, turns + 1):
+            expected = answer_text(turn)
+            script.set(("answer", expected))
+            start = time.perf_counter()
+            answer = await session.turn(user_text(turn))
+            elapsed = time.perf_counter() - start
+            _check(answer == expected, f"turn {turn}: answer {answer!r} is not {expected!r}")
+            wanted = min(2 * turn - 1, HISTORY_FLOOR)
+            _check(
+                script.seen >= wanted,
+                f"turn {turn}: the model saw {script.seen} conversation messages, not at least "
+                f"{wanted}: the history was not carried",
+            )
+            stored = session.stored(check)
+            _check(stored > rows, f"turn {turn}: no new row in the database ({stored} rows)")
+            rows = stored
+            on_turn(turn, elapsed)
+    finally:
+        check.close()
+        await session.close()
+    size = sum(
+        p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists()
+    )
+    return rows, size
+
+
+async def case_durable(adapter: Adapter, repeat: int, warmup: int, turns: int) -> dict[str, Any]:
+    """Mean per-turn time of a ``turns``-turn durable conversation, one fresh database each."""
+    samples = []
+    for index in range(warmup + repeat):
+        times: list[float] = []
+        with tempfile.TemporaryDirectory(prefix="bench-") as directory:
+            await _conversation(adapter, turns, Path(directory), lambda _t, s: times.append(s))
+        if index >= warmup:
+            samples.append(sum(times) / len(times))
+    return {"samples": samples, "unit": "s", "turns": turns}
+
+
+async def case_long(adapter: Adapter, turns: int) -> dict[str, Any]:
+    """Every turn's time in one ``turns``-turn durable conversation, and the database's size."""
+    times: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as directory:
+        rows, size = await _conversation(
+            adapter, turns, Path(directory), lambda _t, s: times.append(s)
+        )
+    raw = raw_text_bytes(turns)
+    return {
+        "per_turn": times, "unit": "s", "turns": turns, "rows": rows, "db_bytes": size,
+        "raw_bytes": raw, "db_ratio": size / raw,
+    }
+
+
+CASES = ("construct", "construct_mem", "one_step", "tool_call", "durable", "long")
+
+
+def run_case(adapter: Adapter, case: str, repeat: int, warmup: int, turns: int) -> dict[str, Any]:
+    if case == "construct":
+        result = case_construct(adapter, repeat, warmup)
+    elif case == "construct_mem":
+        result = case_construct_mem(adapter, repeat, warmup)
+    elif case == "one_step":
+        result = asyncio.run(case_one_step(adapter, repeat, warmup))
+    elif case == "tool_call":
+        result = asyncio.run(case_tool_call(adapter, repeat, warmup))
+    elif case == "durable":
+        result = asyncio.run(case_durable(adapter, repeat, warmup, turns))
+    elif case == "long":
+        result = asyncio.run(case_long(adapter, turns))
+    else:
+        raise SystemExit(f"unknown case {case!r}; one of {', '.join(CASES)}")
+    if "samples" in result and result["samples"]:
+        result["median"] = statistics.median(result["samples"])
+        result["p95"] = percentile(result["samples"], 95)
+    return {"framework": adapter.NAME, "case": case, **result}
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """The ``pct`` percentile, linearly interpolated (numpy's default method)."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = (len(ordered) - 1) * pct / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def main(adapter: ModuleType, argv: list[str] | None = None) -> None:
+    """``python -m bench.peers.<framework> CASE[:REPEAT[:WARMUP]] ... [--turns N]``.
+
+    Runs the cases in order in this process and prints one JSON line per case. For ``long``
+    the number after the colon is the conversation's length in turns.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m bench.peers.{adapter.NAME}")
+    parser.add_argument("cases", nargs="+", metavar="CASE[:REPEAT[:WARMUP]]")
+    parser.add_argument("--turns", type=int, default=25, help="turns of the durable case")
+    args = parser.parse_args(argv)
+    quiet()
+    for spec in args.cases:
+        name, *numbers = spec.split(":")
+        if name not in CASES:
+            parser.error(f"unknown case {name!r}; one of {', '.join(CASES)}")
+        repeat = int(numbers[0]) if numbers else 20
+        warmup = int(numbers[1]) if len(numbers) > 1 else 3
+        turns = repeat if name == "long" else args.turns
+        result = run_case(adapter, name, repeat, warmup, turns)  # type: ignore[arg-type]
+        sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
+        sys.stdout.flush()
+
+
+def quiet() -> None:
+    """Telemetry off and warnings silenced, before a framework is imported."""
+    for key, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)
+    warnings.simplefilter("ignore")

@@ -1,0 +1,69 @@
+"""Cogency under the benchmark: ScriptedLLM replies computed by one callable, SQLiteStore."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import sys
+from typing import Any
+
+from bench.peers import _harness
+from bench.peers._harness import SESSION_ID, USER_ID, Script
+
+NAME = "cogency"
+DISTRIBUTIONS = ("cogency",)
+IMPORTS = (
+    "from cogency import Agent, tool; from cogency.storage import SQLiteStore; "
+    "from cogency.testing import ScriptedLLM"
+)
+def _model(script: Script) -> Any:
+    from cogency.testing import ScriptedLLM
+
+    def reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        item = script.next(len(messages) - 1)  # messages[0] is the system context
+        if item[0] == "tool":
+            return {"actions": [{"name": item[1], "args": {"key": item[2]}}]}
+        return {"response": item[1]}
+
+    # An endless script of one callable: nothing is built per call, nothing grows.
+    return ScriptedLLM(itertools.repeat(reply))
+
+
+def construct(script: Script) -> Any:
+    from cogency import Agent, tool
+    from cogency.storage import SQLiteStore
+
+    return Agent(_model(script), tools=[tool(_harness.lookup)], store=SQLiteStore(":memory:"))
+
+
+class _Session:
+    def __init__(self, script: Script, db_path: str | None) -> None:
+        from cogency import Agent, tool
+        from cogency.storage import SQLiteStore
+
+        self.store = SQLiteStore(db_path or ":memory:")
+        self.llm = _model(script)
+        self.agent = Agent(self.llm, tools=[tool(_harness.lookup)], store=self.store)
+        self.conversation_id = SESSION_ID if db_path else None
+
+    async def turn(self, text: str) -> str:
+        result = await self.agent.run(text, USER_ID, self.conversation_id)
+        self.llm.calls.clear()  # ScriptedLLM keeps references to what it was sent; drop them
+        return result.response or ""
+
+    async def close(self) -> None:
+        await self.agent.close()
+        await self.store.close()
+
+    def stored(self, db: sqlite3.Connection) -> int:
+        return db.execute(
+            "SELECT count(*) FROM conversation_messages WHERE conversation_id = ?", (SESSION_ID,)
+        ).fetchone()[0]
+
+
+async def open_session(script: Script, db_path: str | None) -> _Session:
+    return _Session(script, db_path)
+
+
+if __name__ == "__main__":
+    _harness.main(sys.modules[__name__])

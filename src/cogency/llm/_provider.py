@@ -1,0 +1,275 @@
+"""What every provider adapter shares: retries with backoff, a time limit, error mapping.
+
+An adapter implements one attempt (``_attempt``: the SDK call, yielding text pieces and then
+the :class:`Completion`) and says what an SDK exception means (``_failure``); this module
+retries rate limits, server errors and timeouts with exponential backoff, honouring
+``Retry-After``, under a per-call time limit. Errors leave here as :mod:`cogency.errors`
+types with ``retried=True``, so the agent does not retry them a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import importlib
+import logging
+import random
+import time
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import (
+    AuthenticationError,
+    ConfigurationError,
+    LLMError,
+    LLMTimeoutError,
+    ModelNotFoundError,
+    RateLimitError,
+)
+from .base import LLM, Completion, Message
+
+log = logging.getLogger("cogency.llm")
+
+DEFAULT_TIMEOUT = 120.0
+"""Seconds one call may take (all of it, streamed or not) before it counts as timed out."""
+DEFAULT_RETRIES = 3
+MAX_RETRY_DELAY = 30.0
+"""A ``Retry-After`` longer than this fails at once instead of blocking the run."""
+
+
+def require(module: str, extra: str) -> Any:
+    """Import a provider SDK, or say which pip extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"this model needs the {module!r} package: pip install 'cogency[{extra}]'"
+        ) from exc
+
+
+@dataclass
+class Failure:
+    """What an SDK exception means for the retry loop."""
+
+    error: LLMError
+    retryable: bool = False
+    retry_after: float | None = None
+    schema_rejected: bool = False
+    """The provider refused the structured-output schema: retry once without it."""
+
+
+class ProviderLLM(LLM):
+    """An LLM reached through a provider SDK (see the module docstring).
+
+    ``timeout`` bounds each call (seconds), ``max_retries`` counts retries after the first
+    attempt, ``retry_delay`` is the first backoff (doubled each time, with jitter).
+    ``structured=False`` never sends the JSON schema (the agent still validates replies).
+    """
+
+    provider = "llm"
+    key_hint = ""
+    """What to set when the provider rejects the credentials."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_RETRIES,
+        retry_delay: float = 0.5,
+        max_retry_delay: float = MAX_RETRY_DELAY,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        context_window: int | None = None,
+        structured: bool = True,
+    ) -> None:
+        if not model:
+            raise ConfigurationError(f"{self.provider}: name a model, e.g. '{self.provider}:…'")
+        if timeout <= 0 or max_retries < 0 or retry_delay < 0:
+            raise ConfigurationError("timeout must be > 0; max_retries and retry_delay >= 0")
+        self.model = model
+        self.name = f"{self.provider}:{model}"
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.structured = structured
+        if context_window is not None:
+            self.context_window = context_window
+
+    # -- what an adapter implements ---------------------------------------------------
+
+    @abstractmethod
+    def _attempt(
+        self, messages: list[Message], schema: dict[str, Any] | None, stream: bool
+    ) -> AsyncIterator[str | Completion]:
+        """One SDK call: text pieces as they arrive (when streaming), then the Completion."""
+
+    @abstractmethod
+    def _failure(self, exc: Exception) -> Failure | None:
+        """What an SDK exception means, or ``None`` if it is not the SDK's."""
+
+    # -- the LLM interface --------------------------------------------------------------
+
+    async def generate(
+        self, messages: list[Message], *, schema: dict[str, Any] | None = None
+    ) -> Completion:
+        async for piece in self._call(messages, schema, stream=False):
+            if isinstance(piece, Completion):
+                return piece
+        raise LLMError(f"{self.name}: the reply ended without a completion")
+
+    async def stream(
+        self, messages: list[Message], *, schema: dict[str, Any] | None = None
+    ) -> AsyncIterator[str | Completion]:
+        async for piece in self._call(messages, schema, stream=True):
+            yield piece
+
+    # -- retries --------------------------------------------------------------------------
+
+    async def _call(
+        self, messages: list[Message], schema: dict[str, Any] | None, *, stream: bool
+    ) -> AsyncIterator[str | Completion]:
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            sent_schema = schema if self.structured else None
+            deadline = loop.time() + self.timeout
+            started = False
+            pieces = self._attempt(messages, sent_schema, stream).__aiter__()
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            piece = await anext(pieces)
+                    except StopAsyncIteration:
+                        return
+                    started = started or isinstance(piece, str)
+                    yield piece
+            except LLMError as exc:
+                exc.retried = True
+                raise
+            except Exception as exc:  # mapped below; anything unknown propagates as is
+                cause = exc
+                failure = self._timeout_failure() if isinstance(exc, TimeoutError) else None
+                failure = failure or self._failure(exc)
+                if failure is None:
+                    raise
+            finally:
+                await _aclose(pieces)
+            if failure.schema_rejected and sent_schema is not None:
+                # e.g. an older model or an OpenAI-compatible server without JSON-schema mode
+                log.warning("%s rejected the JSON schema; continuing without structured "
+                            "output (%s)", self.name, failure.error)
+                self.structured = False
+                continue
+            failure.error.retried = True
+            if started or not failure.retryable or attempt >= self.max_retries:
+                if failure.retryable and attempt:
+                    failure.error.args = (f"{failure.error} (after {attempt + 1} attempts)",)
+                raise failure.error from cause
+            delay = self._backoff(attempt, failure.retry_after)
+            if delay is None:
+                failure.error.args = (
+                    f"{failure.error}; the provider asks to wait {failure.retry_after:g} s, "
+                    f"longer than max_retry_delay={self.max_retry_delay:g}",
+                )
+                raise failure.error from cause
+            log.info("%s: %s; retrying in %.2f s", self.name, failure.error, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float | None:
+        if retry_after is not None:
+            return retry_after if retry_after <= self.max_retry_delay else None
+        delay = min(self.max_retry_delay, self.retry_delay * 2**attempt)
+        return delay * random.uniform(0.5, 1.0)
+
+    def _timeout_failure(self) -> Failure:
+        return Failure(
+            LLMTimeoutError(
+                f"{self.name}: no complete reply within {self.timeout:g} s; "
+                "pass a larger timeout= or check the server"
+            ),
+            retryable=True,
+        )
+
+    # -- mapping HTTP statuses, shared by the adapters -------------------------------------
+
+    def _status_failure(
+        self, status: int | None, message: str, headers: Mapping[str, str] | None = None
+    ) -> Failure:
+        """The failure an HTTP status means (same meaning at every provider)."""
+        detail = f"{self.name}: {message}" if message else self.name
+        if status in (401, 403):
+            return Failure(AuthenticationError(
+                f"{detail} (HTTP {status}): the provider rejected the credentials; "
+                f"{self.key_hint or 'check the API key'}"
+            ))
+        if status == 404:
+            return Failure(ModelNotFoundError(
+                f"{detail} (HTTP 404): no model {self.model!r} at this provider; "
+                "check the model name"
+            ))
+        if status == 429:
+            return Failure(
+                RateLimitError(f"{detail} (HTTP 429): rate limited; wait or lower the rate"),
+                retryable=True,
+                retry_after=retry_after(headers),
+            )
+        if status == 408:
+            return Failure(LLMTimeoutError(f"{detail} (HTTP 408)"), retryable=True)
+        if status is not None and status >= 500:
+            return Failure(
+                LLMError(f"{detail} (HTTP {status}): the provider failed"),
+                retryable=True,
+                retry_after=retry_after(headers),
+            )
+        if status in (400, 422):
+            return Failure(
+                LLMError(f"{detail} (HTTP {status}): the provider rejected the request"),
+                schema_rejected=_mentions_schema(message),
+            )
+        if status is None:  # no HTTP answer at all: connection refused, reset, DNS…
+            return Failure(LLMError(f"{detail}: cannot reach the provider"), retryable=True)
+        return Failure(LLMError(f"{detail} (HTTP {status})"))
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    if not headers:
+        return None
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(0.0, float(value) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _mentions_schema(message: str) -> bool:
+    text = message.lower()
+    return any(word in text for word in ("schema", "response_format", "output_config",
+                                         "output_format", "structured", "json mode"))
+
+
+async def _aclose(iterator: Any) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()

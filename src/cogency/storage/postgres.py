@@ -1,0 +1,922 @@
+"""PostgreSQL storage: one database shared by many agent processes on many machines.
+
+Same tables, columns and migration names as :mod:`cogency.storage.sqlite`; the JSON columns
+have PostgreSQL's ``json`` type, which rejects invalid JSON yet keeps the text exactly as written
+(``jsonb`` would refuse a ``\\u0000`` that SQLite stores). Writers serialize on row locks, not on
+the whole database; a running task is held by a session advisory lock that PostgreSQL drops by
+itself when the holder's connection dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .. import _time
+from .._json import dumps
+from ..errors import (
+    CogencyError,
+    ConfigurationError,
+    ConflictError,
+    CorruptDataError,
+    NotFoundError,
+    SchemaTooNewError,
+    StorageError,
+    StoreUnavailableError,
+    TaskRunningError,
+    UsageError,
+)
+from ..memory.profile import Profile
+from .base import (
+    MIGRATION_NAMES,
+    ConversationRecord,
+    SaveBatch,
+    TaskRecord,
+    decode,
+    decode_profile,
+)
+
+if TYPE_CHECKING:
+    import asyncpg
+
+T = TypeVar("T")
+
+_MIGRATION_LOCK = 0x636F67656E6379  # "cogency": one key for every process migrating this database
+_DEADLOCK_RETRIES = 3
+_MESSAGE_BATCH = 256
+"""Rows fetched per round trip while windowing history (newest first, stops at the budget)."""
+
+
+# -- migrations: the same names, in the same order, as SQLite ------------------------------
+
+
+async def _m001_initial(db: asyncpg.Connection) -> None:
+    # The seeds' schema (v3.0) with PostgreSQL types.
+    await db.execute(
+        """
+        CREATE TABLE IF NOT EXISTS user_profiles (
+            user_id TEXT PRIMARY KEY,
+            profile_data JSON NOT NULL,          -- Profile as one flat JSON object
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        );
+        CREATE TABLE IF NOT EXISTS conversations (
+            conversation_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL REFERENCES user_profiles(user_id),
+            conversation_data JSON NOT NULL,     -- the conversation's own fields, no messages
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        );
+        CREATE TABLE IF NOT EXISTS task_workspaces (
+            task_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL REFERENCES user_profiles(user_id),
+            workspace_data JSON NOT NULL,        -- the 4 workspace fields as JSON
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        );
+        """
+    )
+
+
+async def _m002_conversation_messages(db: asyncpg.Connection) -> None:
+    # Messages as appended rows: one write per message whatever the history length.
+    await db.execute(
+        """
+        ALTER TABLE conversations ADD COLUMN message_count INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE conversation_messages (
+            conversation_id TEXT NOT NULL
+                REFERENCES conversations(conversation_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,                -- 1, 2, 3 ... per conversation, no gaps
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            task_id TEXT,                        -- the task that wrote it (resume skips done calls)
+            tokens INTEGER NOT NULL DEFAULT 0,   -- counted once, so windowing reads no text twice
+            created_at TEXT NOT NULL,            -- as the writer stamped it (ISO 8601)
+            PRIMARY KEY (conversation_id, seq)
+        );
+        CREATE INDEX conversations_by_user ON conversations(user_id, updated_at);
+        """
+    )
+    # Seed-era tables may name users with no profile row (their keys were not declared);
+    # give those a default profile so the keys hold from here on.
+    stamp = _time.now()
+    for (user_id,) in await db.fetch(
+        "SELECT user_id FROM conversations UNION SELECT user_id FROM task_workspaces "
+        "EXCEPT SELECT user_id FROM user_profiles"
+    ):
+        await db.execute(
+            "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES ($1, $2, $3)",
+            user_id, dumps(Profile(user_id).to_dict()), stamp,
+        )
+    # Databases of the seeds kept messages as a JSON list inside conversation_data.
+    rows = await db.fetch("SELECT conversation_id, conversation_data::text FROM conversations")
+    for conversation_id, text in rows:
+        data = decode(text, "conversations", conversation_id, "conversation_data")
+        if "messages" not in data:
+            continue
+        messages = data.pop("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise CorruptDataError(
+                f"conversations row {conversation_id!r} holds a 'messages' value that is not a "
+                "list of objects; repair or delete the row, then open the database again"
+            )
+        from ..tokens import count_tokens
+
+        rows_out = []
+        for seq, message in enumerate(messages, start=1):
+            content = message.get("content", "")
+            content = content if isinstance(content, str) else dumps(content)
+            rows_out.append(
+                (conversation_id, seq, str(message.get("role", "user")), content,
+                 count_tokens(content), str(message.get("timestamp") or stamp.isoformat()))
+            )
+        await db.executemany(
+            "INSERT INTO conversation_messages VALUES ($1, $2, $3, $4, NULL, $5, $6)", rows_out
+        )
+        await db.execute(
+            "UPDATE conversations SET conversation_data = $1, message_count = $2 "
+            "WHERE conversation_id = $3",
+            dumps(data), len(messages), conversation_id,
+        )
+
+
+async def _m003_task_workspace_columns(db: asyncpg.Connection) -> None:
+    # A workspace knows its conversation (continue_task restores both), its version
+    # (stale saves conflict) and who runs it (shown to people; the advisory lock decides).
+    await db.execute(
+        """
+        ALTER TABLE task_workspaces ADD COLUMN conversation_id TEXT
+            REFERENCES conversations(conversation_id) ON DELETE CASCADE;
+        ALTER TABLE task_workspaces ADD COLUMN query TEXT NOT NULL DEFAULT '';
+        ALTER TABLE task_workspaces ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE task_workspaces ADD COLUMN runner TEXT;
+        CREATE INDEX task_workspaces_by_user ON task_workspaces(user_id);
+        CREATE INDEX task_workspaces_by_conversation ON task_workspaces(conversation_id);
+        """
+    )
+    # Seed-era workspaces had no conversation: give each an empty one.
+    stamp = _time.now()
+    orphans = await db.fetch(
+        "SELECT task_id, user_id FROM task_workspaces WHERE conversation_id IS NULL"
+    )
+    for task_id, user_id in orphans:
+        conversation_id = f"migrated-{task_id}"
+        await db.execute(
+            "INSERT INTO conversations (conversation_id, user_id, conversation_data, updated_at) "
+            "VALUES ($1, $2, $3, $4) ON CONFLICT (conversation_id) DO NOTHING",
+            conversation_id, user_id,
+            dumps({"conversation_id": conversation_id, "user_id": user_id,
+                   "created_at": stamp.isoformat()}),
+            stamp,
+        )
+        await db.execute(
+            "UPDATE task_workspaces SET conversation_id = $1 WHERE task_id = $2",
+            conversation_id, task_id,
+        )
+
+
+MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
+    ("m001_initial", _m001_initial),
+    ("m002_conversation_messages", _m002_conversation_messages),
+    ("m003_task_workspace_columns", _m003_task_workspace_columns),
+)
+assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
+
+
+async def migrate(db: asyncpg.Connection, upto: str | None = None) -> list[str]:
+    """Apply the missing migrations in order (through ``upto``); returns the names applied.
+
+    Runs in one transaction under an advisory lock, so processes opening a new database at the
+    same moment take turns: the first migrates, the others find it done.
+    """
+    async with db.transaction():
+        await db.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+        await db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        done = {row[0] for row in await db.fetch("SELECT name FROM schema_migrations")}
+        unknown = done - set(MIGRATION_NAMES)
+        if unknown:
+            raise SchemaTooNewError(
+                f"the database has schema steps this Cogency does not know "
+                f"({', '.join(sorted(unknown))}): it was written by a newer Cogency; "
+                "upgrade cogency to open it"
+            )
+        if not done and await db.fetchval("SELECT to_regclass('user_profiles') IS NOT NULL"):
+            done.add("m001_initial")  # a seed-era database made without migrations
+            await db.execute(
+                "INSERT INTO schema_migrations VALUES ('m001_initial', $1)",
+                _time.now().isoformat(),
+            )
+        applied = []
+        for name, step in MIGRATIONS:
+            if name not in done:
+                await step(db)
+                await db.execute(
+                    "INSERT INTO schema_migrations VALUES ($1, $2)", name, _time.now().isoformat()
+                )
+                applied.append(name)
+            if name == upto:
+                break
+        return applied
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+class PostgresStore:
+    """A :class:`~cogency.storage.Store` on a PostgreSQL database (``asyncpg`` pool).
+
+    Nothing connects until the first call; then a pool of at most ``max_size`` connections
+    opens and the schema is migrated. Waiting longer than ``acquire_timeout`` seconds for a free
+    connection, or ``lock_timeout`` for a row lock, raises
+    :class:`~cogency.errors.StoreUnavailableError`. Tasks being run are held by session advisory
+    locks on one extra connection per store, so a process that dies frees its tasks at once.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        acquire_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        lock_timeout: float = 10.0,
+        command_timeout: float | None = 60.0,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn.startswith(("postgresql://", "postgres://")):
+            raise UsageError(
+                f"PostgresStore needs a postgresql:// URL, not {redact(str(dsn))!r}"
+            )
+        if max_size < 1 or min_size < 0 or min_size > max_size:
+            raise UsageError("the pool needs 0 <= min_size <= max_size and max_size >= 1")
+        self.dsn = dsn
+        self.min_size = min_size
+        self.max_size = max_size
+        self.acquire_timeout = acquire_timeout
+        self.connect_timeout = connect_timeout
+        self.lock_timeout = lock_timeout
+        self.command_timeout = command_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._opening: asyncio.Lock | None = None
+        self._lease_db: asyncpg.Connection | None = None
+        self._lease_lock: asyncio.Lock | None = None
+        self._leases: dict[str, str] = {}
+        """task_id -> runner of the tasks this store holds an advisory lock for."""
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact(self.dsn)!r})"
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        parts = urlsplit(self.dsn)
+        host = parts.hostname or "localhost"
+        port = parts.port or 5432
+        return f"{host}:{port}{parts.path or '/'}"
+
+    async def _ready(self) -> asyncpg.Pool:
+        """The pool, opened (and the schema migrated) on first use in this event loop."""
+        if self._closed:
+            raise UsageError("this store is closed; open a new one")
+        loop = asyncio.get_running_loop()
+        if self._pool is not None and self._loop is loop:
+            return self._pool
+        if self._loop is not loop:
+            # A new event loop (e.g. one run_sync after another): the old loop's connections
+            # cannot be used from here.
+            self._forget_loop()
+            self._loop = loop
+            self._opening = asyncio.Lock()
+            self._lease_lock = asyncio.Lock()
+        assert self._opening is not None
+        async with self._opening:
+            if self._pool is None:
+                self._pool = await self._open_pool()
+        return self._pool
+
+    async def _open_pool(self) -> asyncpg.Pool:
+        asyncpg = _driver()
+        try:
+            pool = await asyncpg.create_pool(
+                self.dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                timeout=self.connect_timeout,
+                command_timeout=self.command_timeout,
+                server_settings=self._settings("cogency"),
+            )
+        except Exception as exc:
+            raise self._connect_error(exc) from exc
+        try:
+            async with pool.acquire(timeout=self.acquire_timeout) as db:
+                await migrate(db)
+        except BaseException as exc:
+            await pool.close()
+            if isinstance(exc, CogencyError) or not isinstance(exc, Exception):
+                raise
+            raise self._error(exc, "migrating the schema") from exc
+        return pool
+
+    def _settings(self, name: str) -> dict[str, str]:
+        return {
+            "application_name": name,
+            "lock_timeout": str(int(self.lock_timeout * 1000)),
+            "timezone": "UTC",
+        }
+
+    def _forget_loop(self) -> None:
+        for resource in (self._pool, self._lease_db):
+            if resource is not None:
+                try:
+                    resource.terminate()
+                except RuntimeError:  # its loop is closed; the socket closes with it
+                    pass
+        self._pool = None
+        self._lease_db = None
+        self._leases.clear()
+
+    async def _transact(
+        self,
+        operation: str,
+        work: Callable[[asyncpg.Connection], Awaitable[T]],
+        *,
+        readonly: bool = False,
+    ) -> T:
+        """Run ``work`` in one transaction; a deadlock victim is retried from the start."""
+        asyncpg = _driver()
+        pool = await self._ready()
+        for attempt in range(_DEADLOCK_RETRIES):
+            try:
+                db = await pool.acquire(timeout=self.acquire_timeout)
+            except asyncio.TimeoutError as exc:
+                raise StoreUnavailableError(
+                    f"no PostgreSQL connection to {self._where()} became free within "
+                    f"{self.acquire_timeout:g}s while {operation} (all {self.max_size} connections "
+                    "of the pool are in use); run fewer tasks at once, or raise max_size or "
+                    "acquire_timeout. Nothing was written."
+                ) from exc
+            except Exception as exc:
+                raise self._connect_error(exc) from exc
+            try:
+                if readonly:
+                    async with db.transaction(isolation="repeatable_read", readonly=True):
+                        return await work(db)
+                async with db.transaction():
+                    return await work(db)
+            except asyncpg.exceptions.TransactionRollbackError as exc:
+                if attempt + 1 < _DEADLOCK_RETRIES:
+                    continue
+                raise ConflictError(
+                    f"PostgreSQL kept rolling back {operation} for concurrent writers ({exc}); "
+                    "nothing was written: retry"
+                ) from exc
+            except CogencyError:
+                raise
+            except Exception as exc:
+                raise self._error(exc, operation) from exc
+            finally:
+                await pool.release(db)
+        raise AssertionError("unreachable")
+
+    def _error(self, exc: BaseException, operation: str) -> StorageError:
+        """A driver error as the package's own, saying what happened to the data."""
+        asyncpg = _driver()
+        lost = (
+            asyncpg.exceptions.PostgresConnectionError,
+            asyncpg.exceptions.OperatorInterventionError,
+            asyncpg.exceptions.InterfaceError,
+            ConnectionError,
+            OSError,
+        )
+        if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
+            return StoreUnavailableError(
+                f"a row stayed locked past lock_timeout={self.lock_timeout:g}s while {operation} "
+                f"on {self._where()} ({exc}); another process holds it too long: retry. "
+                "Nothing was written."
+            )
+        if isinstance(exc, (asyncio.TimeoutError, asyncpg.exceptions.QueryCanceledError)):
+            return StoreUnavailableError(
+                f"PostgreSQL at {self._where()} did not answer in time while {operation} ({exc}); "
+                "the transaction was rolled back: retry, or raise command_timeout"
+            )
+        if isinstance(exc, lost):
+            return StoreUnavailableError(
+                f"the connection to PostgreSQL at {self._where()} was lost while {operation} "
+                f"({type(exc).__name__}: {exc}); its transaction was rolled back, so nothing of "
+                "it was stored: retry (the pool opens a new connection)"
+            )
+        if isinstance(exc, (asyncpg.exceptions.CharacterNotInRepertoireError,
+                            asyncpg.exceptions.UntranslatableCharacterError)):
+            return StorageError(
+                f"PostgreSQL cannot store this text while {operation} ({exc}); PostgreSQL text "
+                "cannot hold the NUL character (\\x00): remove it. Nothing was written."
+            )
+        return StorageError(
+            f"PostgreSQL error on {self._where()} while {operation}: "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    def _connect_error(self, exc: BaseException) -> StorageError:
+        asyncpg = _driver()
+        where = redact(self.dsn)
+        if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+            return StoreUnavailableError(
+                f"the database in {where} does not exist ({exc}); create it "
+                f"(createdb {urlsplit(self.dsn).path.lstrip('/')!r}) or fix the URL"
+            )
+        if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+            return StoreUnavailableError(
+                f"PostgreSQL refused the login for {where} ({exc}); check the user and password "
+                "in the URL and pg_hba.conf"
+            )
+        if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+            return StoreUnavailableError(
+                f"PostgreSQL at {where} has no connection slots left ({exc}); lower max_size in "
+                "your processes or raise max_connections on the server"
+            )
+        if isinstance(exc, (OSError, asyncio.TimeoutError,
+                            asyncpg.exceptions.PostgresConnectionError,
+                            asyncpg.exceptions.CannotConnectNowError,
+                            asyncpg.exceptions.InterfaceError)):
+            return StoreUnavailableError(
+                f"cannot reach PostgreSQL at {where} ({type(exc).__name__}: {exc}); check that "
+                "the server is running and accepts TCP connections on that host and port, and "
+                "that the URL is right"
+            )
+        return StorageError(f"cannot open PostgreSQL at {where}: {type(exc).__name__}: {exc}")
+
+    async def close(self) -> None:
+        """Close the pool and give up every task this store holds. Safe to call twice."""
+        self._closed = True
+        pool, lease_db = self._pool, self._lease_db
+        self._pool, self._lease_db = None, None
+        self._leases.clear()
+        try:
+            if lease_db is not None and not lease_db.is_closed():
+                await lease_db.close(timeout=5)  # closing the session frees its advisory locks
+        finally:
+            if pool is not None:
+                await pool.close()
+
+    # -- task leases: session advisory locks on one connection ----------------------------
+
+    async def _lease_connection(self) -> asyncpg.Connection:
+        if self._lease_db is not None and not self._lease_db.is_closed():
+            return self._lease_db
+        asyncpg = _driver()
+        self._leases.clear()  # locks die with the session that held them
+        try:
+            db = await asyncpg.connect(
+                self.dsn, timeout=self.connect_timeout,
+                server_settings=self._settings("cogency-leases"),
+            )
+        except Exception as exc:
+            raise self._connect_error(exc) from exc
+        db.add_termination_listener(self._lease_connection_lost)
+        self._lease_db = db
+        return db
+
+    def _lease_connection_lost(self, db: asyncpg.Connection) -> None:
+        if db is self._lease_db:
+            self._lease_db = None
+            self._leases.clear()
+
+    async def _on_lease_connection(self, operation: str, sql: str, key: int) -> Any:
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            db = await self._lease_connection()
+            try:
+                return await db.fetchval(sql, key)
+            except Exception as exc:
+                raise self._error(exc, operation) from exc
+
+    async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
+        await self._ready()
+        holder = self._leases.get(task_id)
+        if holder == runner:
+            return
+        if holder is None:
+            await self._require_task(task_id, user_id)
+            got = await self._on_lease_connection(
+                "claiming a task", "SELECT pg_try_advisory_lock($1)", _lease_key(task_id)
+            )
+            if got and task_id in self._leases:  # claimed meanwhile by this store (reentrant lock)
+                await self._unlock(task_id)
+                got = False
+        else:
+            got = False
+        if not got:
+            raise TaskRunningError(
+                f"task {task_id!r} is running in another process or agent; "
+                "wait for it to stop, then resume it"
+            )
+        self._leases[task_id] = runner
+        try:
+            found = await self._transact(
+                "claiming a task",
+                lambda db: db.fetchval(
+                    "UPDATE task_workspaces SET runner = $1 WHERE task_id = $2 AND user_id = $3 "
+                    "RETURNING 1",
+                    runner, task_id, user_id,
+                ),
+            )
+            if not found:
+                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+        except BaseException:
+            await self._give_up(task_id)
+            raise
+
+    async def _require_task(self, task_id: str, user_id: str) -> None:
+        found = await self._transact(
+            "claiming a task",
+            lambda db: db.fetchval(
+                "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND user_id = $2",
+                task_id, user_id,
+            ),
+        )
+        if not found:
+            raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+
+    async def release_task(self, task_id: str, runner: str) -> None:
+        try:
+            await self._transact(
+                "releasing a task",
+                lambda db: db.execute(
+                    "UPDATE task_workspaces SET runner = NULL WHERE task_id = $1 AND runner = $2",
+                    task_id, runner,
+                ),
+            )
+        finally:
+            if self._leases.get(task_id) == runner:
+                await self._give_up(task_id)
+
+    async def _give_up(self, task_id: str) -> None:
+        if self._leases.pop(task_id, None) is not None:
+            await self._unlock(task_id)
+
+    async def _unlock(self, task_id: str) -> None:
+        if self._lease_db is None or self._lease_db.is_closed():
+            return  # the session is gone, and its locks with it
+        await self._on_lease_connection(
+            "releasing a task", "SELECT pg_advisory_unlock($1)", _lease_key(task_id)
+        )
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    async def begin_task(
+        self, task: TaskRecord, conversation_data: dict[str, Any]
+    ) -> ConversationRecord:
+        asyncpg = _driver()
+
+        async def work(db: asyncpg.Connection) -> ConversationRecord:
+            stamp = _time.now()
+            await _ensure_profile(db, task.user_id, stamp)
+            conversation = await _find_conversation(db, task.conversation_id, task.user_id)
+            if conversation is None:
+                # Two processes may create the same new conversation at once: the loser of the
+                # insert waits for the winner and then reads its row.
+                created = await db.fetchval(
+                    "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
+                    "updated_at, message_count) VALUES ($1, $2, $3, $4, 0) "
+                    "ON CONFLICT (conversation_id) DO NOTHING RETURNING 1",
+                    task.conversation_id, task.user_id, dumps(conversation_data), stamp,
+                )
+                if created:
+                    conversation = ConversationRecord(
+                        task.conversation_id, task.user_id, conversation_data, 0, stamp
+                    )
+                else:
+                    conversation = await _find_conversation(
+                        db, task.conversation_id, task.user_id
+                    )
+                    if conversation is None:
+                        raise NotFoundError(_no_conversation(task.conversation_id, task.user_id))
+            try:
+                await db.execute(
+                    "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
+                    "workspace_data, version, runner, updated_at) "
+                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    task.task_id, task.user_id, task.conversation_id, task.query,
+                    dumps(task.workspace), task.version, task.runner, stamp,
+                )
+            except asyncpg.exceptions.UniqueViolationError as exc:
+                raise ConflictError(
+                    f"task {task.task_id!r} already exists; start tasks with a new id"
+                ) from exc
+            return conversation
+
+        return await self._transact("starting a task", work)
+
+    async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
+        async def work(db: asyncpg.Connection) -> TaskRecord:
+            row = await db.fetchrow(_TASK_COLUMNS + " WHERE task_id = $1 AND user_id = $2",
+                                    task_id, user_id)
+            if row is None:
+                raise NotFoundError(
+                    f"no unfinished task {task_id!r} for user {user_id!r} "
+                    "(it may have completed; `cogency tasks` lists the unfinished ones)"
+                )
+            return _task(row)
+
+        return await self._transact("loading a task", work, readonly=True)
+
+    async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
+        async def work(db: asyncpg.Connection) -> list[TaskRecord]:
+            if user_id is None:
+                rows = await db.fetch(_TASK_COLUMNS + " ORDER BY updated_at, task_id")
+            else:
+                rows = await db.fetch(
+                    _TASK_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, task_id", user_id
+                )
+            return [_task(row) for row in rows]
+
+        return await self._transact("listing tasks", work, readonly=True)
+
+    async def save(self, batch: SaveBatch) -> int:
+        async def work(db: asyncpg.Connection) -> int:
+            stamp = _time.now()
+            version = batch.expected_version
+            if batch.workspace is not None or batch.complete:
+                version = await _check_version(db, batch)
+            if batch.messages:
+                await _append(db, batch, stamp)
+            if batch.profile is not None:
+                await _put_profile(db, batch.profile, stamp)
+            if batch.complete:
+                await db.execute("DELETE FROM task_workspaces WHERE task_id = $1", batch.task_id)
+            elif batch.workspace is not None:
+                version += 1
+                await db.execute(
+                    "UPDATE task_workspaces SET workspace_data = $1, version = $2, "
+                    "updated_at = $3 WHERE task_id = $4",
+                    dumps(batch.workspace), version, stamp, batch.task_id,
+                )
+            return version
+
+        if not batch.complete:
+            return await self._transact("saving a task", work)
+        try:
+            return await self._transact("completing a task", work)
+        finally:
+            # A completed task needs no runner; one whose completion failed is free for a
+            # resume (the runner does not call release_task after completing).
+            await self._give_up(batch.task_id)
+
+    # -- conversations --------------------------------------------------------------------
+
+    async def load_conversation(self, conversation_id: str, user_id: str) -> ConversationRecord:
+        async def work(db: asyncpg.Connection) -> ConversationRecord:
+            record = await _find_conversation(db, conversation_id, user_id)
+            if record is None:
+                raise NotFoundError(_no_conversation(conversation_id, user_id))
+            return record
+
+        return await self._transact("loading a conversation", work, readonly=True)
+
+    async def list_conversations(self, user_id: str) -> list[ConversationRecord]:
+        async def work(db: asyncpg.Connection) -> list[ConversationRecord]:
+            rows = await db.fetch(
+                _CONVERSATION_COLUMNS + " WHERE user_id = $1 "
+                "ORDER BY updated_at DESC, conversation_id",
+                user_id,
+            )
+            return [_conversation(row) for row in rows]
+
+        return await self._transact("listing conversations", work, readonly=True)
+
+    async def load_messages(
+        self,
+        conversation_id: str,
+        user_id: str,
+        *,
+        token_budget: int | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+            if await _find_conversation(db, conversation_id, user_id) is None:
+                raise NotFoundError(_no_conversation(conversation_id, user_id))
+            # Newest first through a cursor: a long history is read only as far as the window.
+            picked: list[dict[str, Any]] = []
+            used = 0
+            async for seq, role, content, task_id, tokens, created in db.cursor(
+                "SELECT seq, role, content, task_id, tokens, created_at "
+                "FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq DESC",
+                conversation_id,
+                prefetch=_MESSAGE_BATCH if limit is None else max(1, min(limit, _MESSAGE_BATCH)),
+            ):
+                if limit is not None and len(picked) >= limit:
+                    break
+                if token_budget is not None and used + tokens > token_budget:
+                    break
+                used += tokens
+                picked.append(
+                    {"role": role, "content": content, "seq": seq, "task_id": task_id,
+                     "tokens": tokens, "created_at": created}
+                )
+            picked.reverse()
+            return picked
+
+        return await self._transact("loading messages", work, readonly=True)
+
+    # -- profiles -------------------------------------------------------------------------
+
+    async def load_profile(self, user_id: str) -> Profile | None:
+        async def work(db: asyncpg.Connection) -> Profile | None:
+            text = await db.fetchval(
+                "SELECT profile_data::text FROM user_profiles WHERE user_id = $1", user_id
+            )
+            return None if text is None else decode_profile(text, user_id)
+
+        return await self._transact("loading a profile", work, readonly=True)
+
+    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
+        async def work(db: asyncpg.Connection) -> Profile:
+            stamp = _time.now()
+            # Create the row first so that concurrent updaters of a new profile also queue on
+            # its lock instead of both starting from an empty profile.
+            await _ensure_profile(db, user_id, stamp)
+            text = await db.fetchval(
+                "SELECT profile_data::text FROM user_profiles WHERE user_id = $1 FOR UPDATE",
+                user_id,
+            )
+            profile = decode_profile(text, user_id)
+            apply(profile)
+            profile.enforce_bounds()
+            await _put_profile(db, profile, stamp)
+            return profile
+
+        return await self._transact("updating a profile", work)
+
+    async def forget_user(self, user_id: str) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
+            # explicit deletes also cover rows written before the cascades existed.
+            await db.execute(
+                "DELETE FROM conversation_messages WHERE conversation_id IN "
+                "(SELECT conversation_id FROM conversations WHERE user_id = $1)",
+                user_id,
+            )
+            await db.execute("DELETE FROM task_workspaces WHERE user_id = $1", user_id)
+            await db.execute("DELETE FROM conversations WHERE user_id = $1", user_id)
+            await db.execute("DELETE FROM user_profiles WHERE user_id = $1", user_id)
+
+        await self._transact("forgetting a user", work)
+
+
+# -- row helpers ----------------------------------------------------------------------------
+
+_TASK_COLUMNS = (
+    "SELECT task_id, user_id, conversation_id, query, workspace_data::text, version, runner, "
+    "updated_at FROM task_workspaces"
+)
+_CONVERSATION_COLUMNS = (
+    "SELECT conversation_id, user_id, conversation_data::text, message_count, updated_at "
+    "FROM conversations"
+)
+
+
+async def _ensure_profile(db: asyncpg.Connection, user_id: str, stamp: datetime) -> None:
+    await db.execute(
+        "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES ($1, $2, $3) "
+        "ON CONFLICT (user_id) DO NOTHING",
+        user_id, dumps(Profile(user_id).to_dict()), stamp,
+    )
+
+
+async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime) -> None:
+    await db.execute(
+        "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES ($1, $2, $3) "
+        "ON CONFLICT (user_id) DO UPDATE SET profile_data = excluded.profile_data, "
+        "updated_at = excluded.updated_at",
+        profile.user_id, dumps(profile.to_dict()), stamp,
+    )
+
+
+async def _find_conversation(
+    db: asyncpg.Connection, conversation_id: str, user_id: str
+) -> ConversationRecord | None:
+    row = await db.fetchrow(
+        _CONVERSATION_COLUMNS + " WHERE conversation_id = $1 AND user_id = $2",
+        conversation_id, user_id,
+    )
+    return None if row is None else _conversation(row)
+
+
+def _no_conversation(conversation_id: str, user_id: str) -> str:
+    return (
+        f"no conversation {conversation_id!r} for user {user_id!r} "
+        "(`cogency conversations --user USER` lists them)"
+    )
+
+
+def _conversation(row: Any) -> ConversationRecord:
+    conversation_id, user_id, data, count, updated = row
+    return ConversationRecord(
+        conversation_id,
+        user_id,
+        decode(data, "conversations", conversation_id, "conversation_data"),
+        count,
+        _time.parse(updated) if updated else None,
+    )
+
+
+def _task(row: Any) -> TaskRecord:
+    task_id, user_id, conversation_id, query, data, version, runner, updated = row
+    return TaskRecord(
+        task_id,
+        user_id,
+        conversation_id,
+        query,
+        decode(data, "task_workspaces", task_id, "workspace_data"),
+        version,
+        runner,
+        _time.parse(updated) if updated else None,
+    )
+
+
+async def _check_version(db: asyncpg.Connection, batch: SaveBatch) -> int:
+    # FOR UPDATE: a second writer of this task waits here, then sees the new version.
+    version = await db.fetchval(
+        "SELECT version FROM task_workspaces WHERE task_id = $1 AND user_id = $2 FOR UPDATE",
+        batch.task_id, batch.user_id,
+    )
+    if version is None:
+        raise NotFoundError(
+            f"task {batch.task_id!r} of user {batch.user_id!r} has no workspace "
+            "(it completed or was deleted); start a new task"
+        )
+    if version != batch.expected_version:
+        raise ConflictError(
+            f"task {batch.task_id!r} was saved by someone else (version {version}, this copy has "
+            f"{batch.expected_version}); continue_task again to get the current workspace"
+        )
+    return int(version)
+
+
+async def _append(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> None:
+    count = len(batch.messages)
+    # Bumping the counter takes the seq range and locks the conversation row until commit:
+    # concurrent appenders queue here, so seqs have no gaps and no duplicates.
+    last = await db.fetchval(
+        "UPDATE conversations SET message_count = message_count + $1, updated_at = $2 "
+        "WHERE conversation_id = $3 AND user_id = $4 RETURNING message_count",
+        count, stamp, batch.conversation_id, batch.user_id,
+    )
+    if last is None:
+        raise NotFoundError(_no_conversation(batch.conversation_id, batch.user_id))
+    first = last - count + 1
+    iso = stamp.isoformat()
+    seqs = list(range(first, last + 1))
+    await db.execute(
+        "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
+        "tokens, created_at) SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], "
+        "$5::text[], $6::int[], $7::text[])",
+        batch.conversation_id,
+        seqs,
+        [m["role"] for m in batch.messages],
+        [m["content"] for m in batch.messages],
+        [m.get("task_id") for m in batch.messages],
+        [m.get("tokens", 0) for m in batch.messages],
+        [m.get("created_at") or iso for m in batch.messages],
+    )
+    for seq, message in zip(seqs, batch.messages):
+        message["seq"] = seq  # only once the rows are written
+
+
+def _lease_key(task_id: str) -> int:
+    """A signed 64-bit advisory-lock key for ``task_id`` (collisions: ~1 in 2**64)."""
+    digest = hashlib.blake2b(b"cogency.task\0" + task_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def redact(dsn: str) -> str:
+    """``dsn`` without its password (in the user part or the query string)."""
+    try:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if parts.password is not None:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+        query = urlencode(
+            [(k, "***" if k.lower() in ("password", "passfile") else v)
+             for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return "<unreadable PostgreSQL URL>"
+
+
+def _driver() -> Any:
+    try:
+        import asyncpg
+    except ImportError as exc:
+        raise ConfigurationError(
+            "PostgreSQL support needs asyncpg: pip install 'cogency[postgres]'"
+        ) from exc
+    return asyncpg

@@ -1,0 +1,106 @@
+"""Shared fixtures: a fresh store per test, on SQLite and (for the contract suite) PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from cogency.storage import SQLiteStore
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "cogency.db"
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
+    """A SQLite store on a fresh file, closed after the test."""
+    sqlite_store = SQLiteStore(db_path)
+    yield sqlite_store
+    await sqlite_store.close()
+
+
+@pytest.fixture
+def db(db_path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain sqlite3 connection to the test database, to assert on what is really stored."""
+    connection = sqlite3.connect(db_path)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_default_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code that falls back to the default database writes under tmp_path, never ~/.local."""
+    monkeypatch.setenv("COGENCY_DB", str(tmp_path / "default" / "cogency.db"))
+
+
+# -- the contract suite: every test using `any_store` runs on SQLite and on PostgreSQL ----------
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[object]:
+    """A fresh, empty store of each backend (PostgreSQL: a uniquely named database, dropped after)."""
+    if request.param == "sqlite":
+        sqlite_store = SQLiteStore(tmp_path / "contract.db")
+        yield sqlite_store
+        await sqlite_store.close()
+        return
+    try:
+        import pgutil  # tests/pgutil.py: creates and drops a database per test
+    except ImportError:
+        if IN_CI:
+            raise
+        pytest.skip("tests/pgutil.py (PostgreSQL test support) is not present yet")
+    async with pgutil.fresh_store() as pg_store:
+        yield pg_store
+
+
+@pytest.fixture
+def raw(any_store: object):
+    """``await raw(sql, *params)``: rows straight from the backing database (``?`` placeholders)."""
+    if isinstance(any_store, SQLiteStore):
+
+        async def sqlite_rows(sql: str, *params: object) -> list[tuple]:
+            connection = sqlite3.connect(any_store.path)
+            try:
+                return connection.execute(sql, params).fetchall()
+            finally:
+                connection.close()
+
+        return sqlite_rows
+    import pgutil
+
+    return pgutil.raw_rows(any_store)
+
+
+@pytest.fixture
+def raw_write(any_store: object, raw):
+    """``await raw_write(sql, *params)``: change rows behind the store's back, committed.
+
+    (``raw`` reads; on SQLite its connection closes without committing, so writes through it
+    would be rolled back.)
+    """
+    if isinstance(any_store, SQLiteStore):
+
+        async def sqlite_write(sql: str, *params: object) -> None:
+            connection = sqlite3.connect(any_store.path, isolation_level=None)
+            try:
+                connection.execute(sql, params)
+            finally:
+                connection.close()
+
+        return sqlite_write
+
+    async def server_write(sql: str, *params: object) -> None:
+        await raw(sql, *params)  # a server session commits each statement on its own
+
+    return server_write

@@ -1,0 +1,116 @@
+"""Agent.stream: typed events, in order, delivered while the run works."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from cogency import Agent, tool
+from cogency.testing import ScriptedLLM
+
+
+def reply(response=None, actions=(), **fields):
+    return {"response": response, "actions": list(actions), **fields}
+
+
+async def test_events_arrive_in_order_while_the_run_works(store, db):
+    release = asyncio.Event()
+
+    @tool(timeout=5)
+    async def fetch(url: str) -> str:
+        """Fetch a page; finishes only when the test says so."""
+        await release.wait()
+        return "<html>ok</html>"
+
+    llm = ScriptedLLM([
+        reply(actions=[{"name": "fetch", "args": {"url": "http://x"}}], approach="fetch it"),
+        reply("The page says ok."),
+    ])
+    agent = Agent(llm=llm, tools=[fetch], store=store)
+    events = []
+    async for event in agent.stream("what does x say?", user_id="ada"):
+        events.append(event)
+        if event.type == "action":
+            # The tool is blocked on `release`: this event reached us mid-run, not after it.
+            assert not release.is_set()
+            rows = db.execute("SELECT runner FROM task_workspaces").fetchall()
+            assert len(rows) == 1 and rows[0][0]  # the task is held by the running run
+            assert len(llm.calls) == 1
+            release.set()
+
+    assert [e.type for e in events] == [
+        "start", "reason", "action", "result", "reason", "response", "end",
+    ]
+    start, reason1, action, result, reason2, response, end = events
+    assert start.query == "what does x say?" and not start.resumed
+    assert {e.task_id for e in events} == {start.task_id}
+    assert reason1.iteration == 1 and reason1.workspace["approach"] == "fetch it"
+    assert (action.iteration, action.name, action.args) == (1, "fetch", {"url": "http://x"})
+    assert (result.name, result.ok, result.output) == ("fetch", True, "<html>ok</html>")
+    assert reason2.iteration == 2
+    assert response.text == "The page says ok."
+    assert (end.stop_reason, end.iterations) == ("completed", 2)
+    assert json.loads(json.dumps([e.to_dict() for e in events]))[0]["type"] == "start"
+    stored = db.execute(
+        "SELECT role FROM conversation_messages WHERE conversation_id = ? ORDER BY seq",
+        (start.conversation_id,),
+    ).fetchall()
+    assert [r for (r,) in stored] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_token_events_carry_the_streamed_reply(store):
+    first = reply(actions=[{"name": "echo", "args": {"text": "hi"}}])
+    second = reply("done")
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo text."""
+        return text
+
+    llm = ScriptedLLM([first, second], chunk=7)
+    events = [e async for e in Agent(llm=llm, tools=[echo], store=store).stream("echo hi")]
+    types = [e.type for e in events]
+    # Tokens of each step come before that step's reason event.
+    first_reason = types.index("reason")
+    second_reason = types.index("reason", first_reason + 1)
+    tokens_one = [e.text for e in events[:first_reason] if e.type == "token"]
+    tokens_two = [e.text for e in events[first_reason:second_reason] if e.type == "token"]
+    assert "".join(tokens_one) == json.dumps(first)
+    assert "".join(tokens_two) == json.dumps(second)
+    assert all(len(t) <= 7 for t in tokens_one + tokens_two)
+    assert len(tokens_one) == -(-len(json.dumps(first)) // 7)
+    assert types[-1] == "end"
+
+
+async def test_llm_failure_is_a_fatal_error_event(store, db):
+    llm = ScriptedLLM([ConnectionError("no route to host")] * 2)
+    agent = Agent(llm=llm, store=store, llm_retries=1, retry_delay=0)
+    events = [e async for e in agent.stream("hello")]
+    assert [e.type for e in events] == ["start", "error", "end"]
+    assert events[1].fatal and "no route to host" in events[1].message
+    assert events[-1].stop_reason == "error"
+    assert db.execute("SELECT runner FROM task_workspaces").fetchall() == [(None,)]
+
+
+async def test_closing_the_stream_early_stops_the_run_cleanly(store, db):
+    started = asyncio.Event()
+
+    @tool(timeout=30)
+    async def forever() -> str:
+        """Never ends."""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    llm = ScriptedLLM([reply(actions=[{"name": "forever", "args": {}}])])
+    agent = Agent(llm=llm, tools=[forever], store=store)
+    stream = agent.stream("wait forever", user_id="ada").__aiter__()
+    async for event in stream:
+        if event.type == "action":
+            break
+    await asyncio.wait_for(started.wait(), 5)
+    await stream.aclose()  # a client going away
+    rows = db.execute("SELECT runner FROM task_workspaces").fetchall()
+    assert rows == [(None,)]  # kept for resume, and free
+    roles = [r for (r,) in db.execute("SELECT role FROM conversation_messages ORDER BY seq")]
+    assert roles == ["user", "assistant", "tool"]

@@ -1,0 +1,501 @@
+"""What only SQLite has: migrations from the seeds' v3.0 file, PRAGMAs, file locations and
+URLs, file locking, and several connections or processes writing one file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cogency.errors import (
+    ConflictError,
+    CorruptDataError,
+    SchemaTooNewError,
+    StorageError,
+    StoreUnavailableError,
+    UsageError,
+)
+from cogency.memory import Memory
+from cogency.state import State, add_message, autosave
+from cogency.storage import SQLiteStore, default_db_path, open_store
+from cogency.storage.base import MIGRATION_NAMES
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+async def on_store_connection(store: SQLiteStore, sql: str, *params: object) -> list[tuple]:
+    """Run SQL on the store's own connection (its PRAGMAs are per connection)."""
+    return await store._run(lambda db: db.execute(sql, params).fetchall())
+
+
+def rows(path: Path | str, sql: str, *params: object) -> list[tuple]:
+    connection = sqlite3.connect(path)
+    try:
+        return connection.execute(sql, params).fetchall()
+    finally:
+        connection.close()
+
+
+# -- connection settings ---------------------------------------------------------------------
+
+
+async def test_connection_uses_wal_foreign_keys_and_a_busy_timeout(db_path):
+    store = SQLiteStore(db_path, busy_timeout=2.5)
+    try:
+        assert await on_store_connection(store, "PRAGMA foreign_keys") == [(1,)]
+        assert await on_store_connection(store, "PRAGMA busy_timeout") == [(2500,)]
+        assert await on_store_connection(store, "PRAGMA journal_mode") == [("wal",)]
+        with pytest.raises(StorageError, match="FOREIGN KEY"):
+            await on_store_connection(
+                store, "INSERT INTO conversations (conversation_id, user_id, conversation_data) "
+                "VALUES ('c', 'nobody', '{}')",
+            )
+    finally:
+        await store.close()
+    # WAL is a property of the file: every later connection sees it.
+    assert rows(db_path, "PRAGMA journal_mode") == [("wal",)]
+    assert rows(db_path, "SELECT name FROM schema_migrations ORDER BY name") == [
+        (name,) for name in MIGRATION_NAMES
+    ]
+    # The declared schema: messages cascade with their conversation; workspaces name theirs.
+    fks = rows(db_path, "PRAGMA foreign_key_list(conversation_messages)")
+    assert [(fk[2], fk[3], fk[6]) for fk in fks] == [
+        ("conversations", "conversation_id", "CASCADE")
+    ]
+    assert {fk[2] for fk in rows(db_path, "PRAGMA foreign_key_list(task_workspaces)")} == {
+        "user_profiles", "conversations",
+    }
+
+
+async def test_reopening_applies_no_migration_twice_and_keeps_data(db_path, db):
+    first = SQLiteStore(db_path)
+    state = await State.start_task("q", "alice", store=first)
+    add_message(state, "user", "kept")
+    await autosave(state)
+    await first.close()
+    applied = db.execute("SELECT name, applied_at FROM schema_migrations ORDER BY name").fetchall()
+
+    second = SQLiteStore(db_path)
+    try:
+        resumed = await State.continue_task(state.task_id, "alice", store=second)
+        assert [m["content"] for m in resumed.execution.messages] == ["kept"]
+    finally:
+        await second.close()
+    assert db.execute(
+        "SELECT name, applied_at FROM schema_migrations ORDER BY name"
+    ).fetchall() == applied
+    assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+# -- migration from the seeds' v3.0 schema -------------------------------------------------
+
+SEED_V3_SCHEMA = """
+CREATE TABLE user_profiles (
+    user_id TEXT PRIMARY KEY,
+    profile_data TEXT NOT NULL,
+    updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP
+);
+CREATE TABLE conversations (
+    conversation_id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    conversation_data TEXT NOT NULL,
+    updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+    FOREIGN KEY (user_id) REFERENCES user_profiles(user_id)
+);
+CREATE TABLE task_workspaces (
+    task_id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    workspace_data TEXT NOT NULL,
+    updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+    FOREIGN KEY (user_id) REFERENCES user_profiles(user_id)
+);
+"""
+
+SEED_MESSAGES = [
+    {"role": "user", "content": "What is AI?", "timestamp": "2025-01-10T09:00:00.123456"},
+    {"role": "assistant", "content": "AI is artificial intelligence...",
+     "timestamp": "2025-01-10T09:00:05"},
+    {"role": "user", "content": "Tell me more", "timestamp": "2025-01-10T09:01:00"},
+]
+
+
+def make_seed_database(path: Path, *, profile_for: tuple[str, ...] = ("alice",)) -> None:
+    """A file as the v3.0 seed code wrote it: messages as a JSON list, no schema table."""
+    connection = sqlite3.connect(path)
+    connection.executescript(SEED_V3_SCHEMA)
+    for user in profile_for:
+        connection.execute(
+            "INSERT INTO user_profiles (user_id, profile_data) VALUES (?, ?)",
+            (user, json.dumps({
+                "user_id": user, "preferences": {"tone": "casual"}, "goals": ["learn ML"],
+                "expertise_areas": ["python"], "communication_style": "brief",
+                "projects": {"site": "a blog"}, "created_at": "2025-01-01T10:00:00",
+                "last_updated": "2025-01-10T09:00:00",
+            })),
+        )
+    connection.execute(
+        "INSERT INTO conversations (conversation_id, user_id, conversation_data) VALUES (?, ?, ?)",
+        ("conv-seed", "alice", json.dumps({
+            "conversation_id": "conv-seed", "user_id": "alice", "messages": SEED_MESSAGES,
+            "last_updated": "2025-01-10T09:01:00",
+        })),
+    )
+    connection.execute(
+        "INSERT INTO conversations (conversation_id, user_id, conversation_data) VALUES (?, ?, ?)",
+        ("conv-empty", "alice", json.dumps({
+            "conversation_id": "conv-empty", "user_id": "alice", "messages": [],
+            "last_updated": "2025-01-10T09:01:00",
+        })),
+    )
+    connection.execute(
+        "INSERT INTO task_workspaces (task_id, user_id, workspace_data) VALUES (?, ?, ?)",
+        ("task-seed", "alice", json.dumps({
+            "objective": "analyze codebase", "assessment": "medium size", "approach": "top down",
+            "observations": ["uses asyncio"], "insights": [], "facts": {"files": 12},
+            "thoughts": [{"step": 1}],
+        })),
+    )
+    connection.commit()
+    connection.close()
+
+
+async def test_a_seed_v3_database_is_migrated_and_usable(db_path, db):
+    make_seed_database(db_path)
+    store = SQLiteStore(db_path)
+    try:
+        resumed = await State.continue_task("task-seed", "alice", store=store)
+        # Rows after migration: every step recorded, messages moved out of the JSON blob.
+        assert [r[0] for r in db.execute(
+            "SELECT name FROM schema_migrations ORDER BY name")] == list(MIGRATION_NAMES)
+        assert db.execute(
+            "SELECT seq, role, content, created_at FROM conversation_messages "
+            "WHERE conversation_id = 'conv-seed' ORDER BY seq"
+        ).fetchall() == [
+            (i + 1, m["role"], m["content"], m["timestamp"]) for i, m in enumerate(SEED_MESSAGES)
+        ]
+        count, data = db.execute(
+            "SELECT message_count, conversation_data FROM conversations "
+            "WHERE conversation_id = 'conv-seed'"
+        ).fetchone()
+        assert count == 3
+        assert "messages" not in json.loads(data)
+        assert "messages" not in json.loads(db.execute(
+            "SELECT conversation_data FROM conversations WHERE conversation_id = 'conv-empty'"
+        ).fetchone()[0])
+        # The seed workspace got a conversation of its own and a version.
+        conversation_id, version = db.execute(
+            "SELECT conversation_id, version FROM task_workspaces WHERE task_id = 'task-seed'"
+        ).fetchone()
+        assert version == 1 and conversation_id
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+
+        # The seed workspace continues: its v5.0 fields are kept, superseded ones ignored.
+        assert resumed.workspace.objective == "analyze codebase"
+        assert resumed.workspace.approach == "top down"
+        assert resumed.conversation.conversation_id == conversation_id
+        resumed.workspace.discoveries = "12 files"
+        add_message(resumed, "assistant", "continuing the seed task")
+        await autosave(resumed)
+        assert db.execute(
+            "SELECT version FROM task_workspaces WHERE task_id = 'task-seed'"
+        ).fetchone() == (2,)
+        await resumed.complete_task()
+        assert db.execute("SELECT task_id FROM task_workspaces").fetchall() == []
+
+        # The seed conversation continues with its whole history, appending after it.
+        state = await State.start_task("And deep learning?", "alice", "conv-seed", store=store)
+        assert [(m["role"], m["content"]) for m in state.execution.messages] == [
+            (m["role"], m["content"]) for m in SEED_MESSAGES
+        ]
+        add_message(state, "user", "And deep learning?")
+        await autosave(state)
+        assert db.execute(
+            "SELECT max(seq), count(*) FROM conversation_messages WHERE conversation_id = 'conv-seed'"
+        ).fetchone() == (4, 4)
+
+        # The seed profile reads with its v1.0 fields; new fields take their defaults.
+        profile = await store.load_profile("alice")
+        assert profile.goals == ["learn ML"] and profile.projects == {"site": "a blog"}
+        assert profile.created_at.tzinfo is not None and profile.interaction_count == 0
+        assert "learn ML" in await Memory(store=store).activate("alice")
+    finally:
+        await store.close()
+
+
+async def test_a_seed_database_with_rows_of_users_without_a_profile_migrates(db_path, db):
+    # The seeds never enforced foreign keys: a conversation or workspace could name a user
+    # with no profile row. Migration must not trip over enforced keys on such a file.
+    make_seed_database(db_path, profile_for=())
+    store = SQLiteStore(db_path)
+    try:
+        resumed = await State.continue_task("task-seed", "alice", store=store)
+        assert resumed.workspace.objective == "analyze codebase"
+        assert db.execute("SELECT user_id FROM user_profiles").fetchall() == [("alice",)]
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert await Memory(store=store).activate("alice") == ""
+    finally:
+        await store.close()
+
+
+async def test_a_corrupt_seed_conversation_stops_migration_and_changes_nothing(db_path, db):
+    make_seed_database(db_path)
+    db.execute("UPDATE conversations SET conversation_data = '{\"messages\": [' "
+               "WHERE conversation_id = 'conv-seed'")
+    db.commit()
+    store = SQLiteStore(db_path)
+    try:
+        with pytest.raises(CorruptDataError, match="conv-seed"):
+            await store.list_tasks()
+    finally:
+        await store.close()
+    # The migration ran in one transaction: the file is still a plain seed database.
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "conversation_messages" not in tables
+    assert [r[1] for r in db.execute("PRAGMA table_info(task_workspaces)")] == [
+        "task_id", "user_id", "workspace_data", "updated_at",
+    ]
+
+
+async def test_a_database_from_a_newer_cogency_is_refused(db_path, db):
+    store = SQLiteStore(db_path)
+    await State.start_task("q", "alice", store=store)
+    await store.close()
+    db.execute("INSERT INTO schema_migrations VALUES ('m999_from_the_future', '2030-01-01')")
+    db.commit()
+
+    newer = SQLiteStore(db_path)
+    try:
+        with pytest.raises(SchemaTooNewError, match="(?s)m999_from_the_future.*upgrade"):
+            await State.start_task("q", "alice", store=newer)
+        with pytest.raises(SchemaTooNewError):  # every call, not only the first
+            await newer.list_tasks()
+    finally:
+        await newer.close()
+    assert db.execute("SELECT count(*) FROM task_workspaces").fetchone() == (1,)
+
+
+# -- locations and URLs --------------------------------------------------------------------
+
+
+async def test_default_location_is_under_the_data_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("COGENCY_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    expected = tmp_path / "xdg" / "cogency" / "cogency.db"
+    assert default_db_path() == expected
+    store = open_store()
+    assert isinstance(store, SQLiteStore) and Path(store.path) == expected
+    assert not expected.parent.exists()  # nothing is created before first use
+    await store.close()
+
+    state = await State.start_task("q", "alice")  # store=None: the default store
+    add_message(state, "user", "stored by default")
+    await state.complete_task()
+    assert expected.exists()
+    assert rows(expected, "SELECT content FROM conversation_messages") == [("stored by default",)]
+
+
+async def test_cogency_db_overrides_the_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("COGENCY_DB", str(tmp_path / "chosen.db"))
+    state = await State.start_task("q", "alice")
+    await state.complete_task()
+    assert rows(tmp_path / "chosen.db", "SELECT user_id FROM user_profiles") == [("alice",)]
+    assert not (tmp_path / "xdg").exists()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COGENCY_DB", "sqlite:///from-url.db")
+    store = open_store()
+    assert store.path == "from-url.db"
+    await store.list_tasks()
+    await store.close()
+    assert (tmp_path / "from-url.db").exists()
+
+
+async def test_open_store_url_forms(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    relative = open_store("sqlite:///sub/rel.db")
+    absolute = open_store(f"sqlite:///{tmp_path}/abs.db")  # sqlite:////tmp/... : four slashes
+    plain = open_store(tmp_path / "plain.db")
+    memory = open_store("sqlite://:memory:")
+    try:
+        assert relative.path == "sub/rel.db"
+        assert absolute.path == f"{tmp_path}/abs.db"
+        assert f"sqlite:///{tmp_path}".startswith("sqlite:////")
+        for store in (relative, absolute, plain, memory):
+            await State.start_task("q", "alice", store=store)
+        assert rows(tmp_path / "sub" / "rel.db", "SELECT user_id FROM user_profiles") == [
+            ("alice",)
+        ]
+        assert rows(tmp_path / "abs.db", "SELECT user_id FROM user_profiles") == [("alice",)]
+        assert (tmp_path / "plain.db").exists()
+        assert await memory.list_tasks("alice") != []
+    finally:
+        for store in (relative, absolute, plain, memory):
+            await store.close()
+
+    for bad in ("mysql://localhost/db", "sqlite://host/file.db", "sqlite:relative.db", "",
+                "   "):
+        with pytest.raises(UsageError):
+            open_store(bad)
+
+
+async def test_a_path_that_cannot_be_created_is_a_storage_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    store = SQLiteStore(blocker / "sub" / "cogency.db")
+    with pytest.raises(StorageError, match="COGENCY_DB"):
+        await State.start_task("q", "alice", store=store)
+    await store.close()
+
+    directory = SQLiteStore(tmp_path)  # a directory is not a database file
+    with pytest.raises(StorageError, match="cannot open"):
+        await directory.list_tasks()
+    await directory.close()
+
+    not_a_db = tmp_path / "notes.txt"
+    not_a_db.write_text("hello " * 1000)
+    store = SQLiteStore(not_a_db)
+    with pytest.raises(StorageError, match="not a usable SQLite database"):
+        await store.list_tasks()
+    await store.close()
+    assert not_a_db.read_text() == "hello " * 1000
+
+
+async def test_a_closed_store_says_so(db_path):
+    store = SQLiteStore(db_path)
+    await store.list_tasks()
+    await store.close()
+    await store.close()  # twice is fine
+    with pytest.raises(UsageError, match="closed"):
+        await store.list_tasks()
+
+
+# -- locking and concurrent writers ------------------------------------------------------------
+
+
+async def test_a_locked_database_is_store_unavailable(db_path, db):
+    store = SQLiteStore(db_path, busy_timeout=0.2)
+    try:
+        state = await State.start_task("q", "alice", store=store)
+        db.isolation_level = None
+        db.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        db.execute("UPDATE user_profiles SET updated_at = updated_at")
+        add_message(state, "user", "waiting")
+        with pytest.raises(StoreUnavailableError, match="locked"):
+            await autosave(state)
+        with pytest.raises(StoreUnavailableError):
+            await State.start_task("q2", "alice", store=store)
+        # Reads still work under WAL while a writer holds the lock.
+        assert len(await store.list_tasks("alice")) == 1
+        db.execute("COMMIT")
+
+        await autosave(state)  # the same save succeeds once the lock is gone
+        assert db.execute("SELECT content FROM conversation_messages").fetchall() == [
+            ("waiting",)
+        ]
+    finally:
+        await store.close()
+
+
+async def test_a_lock_held_while_opening_is_store_unavailable(db_path, db):
+    db.isolation_level = None
+    db.execute("BEGIN IMMEDIATE")
+    db.execute("CREATE TABLE holder (x)")
+    store = SQLiteStore(db_path, busy_timeout=0.1)
+    try:
+        with pytest.raises(StoreUnavailableError):
+            await store.list_tasks()
+        db.execute("ROLLBACK")
+        assert await store.list_tasks() == []  # opens and migrates once the lock is gone
+    finally:
+        await store.close()
+
+
+async def test_two_store_objects_on_one_file(db_path, db):
+    one, two = SQLiteStore(db_path), SQLiteStore(db_path)
+    try:
+        root = await State.start_task("root", "alice", store=one)
+        conversation_id = root.conversation.conversation_id
+
+        async def task(store: SQLiteStore, n: int) -> None:
+            state = await State.start_task(f"t{n}", "alice", conversation_id, store=store)
+            for k in range(4):
+                add_message(state, "assistant", f"{n}:{k}")
+                await autosave(state)
+            await state.complete_task()
+
+        await asyncio.gather(*(task(one if n % 2 else two, n) for n in range(10)))
+
+        # A stale save through the other connection still conflicts.
+        a = await State.continue_task(root.task_id, "alice", store=one)
+        b = await State.continue_task(root.task_id, "alice", store=two)
+        a.workspace.approach = "a"
+        await autosave(a)
+        b.workspace.approach = "b"
+        with pytest.raises(ConflictError):
+            await autosave(b)
+    finally:
+        await one.close()
+        await two.close()
+    assert [r[0] for r in db.execute(
+        "SELECT seq FROM conversation_messages ORDER BY seq")] == list(range(1, 41))
+    assert db.execute("SELECT message_count FROM conversations").fetchone() == (40,)
+    assert db.execute("SELECT workspace_data FROM task_workspaces").fetchone()[0].count('"a"') == 1
+
+
+WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from cogency.storage import SQLiteStore
+    from cogency.state import State, add_message, autosave
+
+    async def main(path, conversation_id, tag, count):
+        store = SQLiteStore(path)
+        state = await State.start_task(tag, "alice", conversation_id, store=store)
+        for k in range(count):
+            add_message(state, "user", f"{tag}:{k}")
+            await autosave(state)
+        await state.complete_task()
+        await store.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    """
+)
+
+
+async def test_several_processes_append_to_one_conversation(db_path, db):
+    store = SQLiteStore(db_path)
+    root = await State.start_task("root", "alice", store=store)
+    await store.close()
+    conversation_id = root.conversation.conversation_id
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(db_path), conversation_id, f"p{n}", "15"],
+            env=env, stderr=subprocess.PIPE,
+        )
+        for n in range(3)
+    ]
+    for writer in writers:
+        _, err = writer.communicate(timeout=60)
+        assert writer.returncode == 0, err.decode()
+
+    seq_rows = db.execute(
+        "SELECT seq, content FROM conversation_messages WHERE conversation_id = ? ORDER BY seq",
+        (conversation_id,),
+    ).fetchall()
+    assert [s for s, _ in seq_rows] == list(range(1, 46))
+    assert sorted(c for _, c in seq_rows) == sorted(f"p{n}:{k}" for n in range(3) for k in range(15))
+    for n in range(3):
+        assert [c for _, c in seq_rows if c.startswith(f"p{n}:")] == [f"p{n}:{k}" for k in range(15)]
+    assert db.execute(
+        "SELECT message_count FROM conversations WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone() == (45,)
+    assert db.execute("SELECT task_id FROM task_workspaces").fetchall() == [(root.task_id,)]

@@ -1,0 +1,365 @@
+"""Backend-neutral store behaviour: every test runs on SQLite and on PostgreSQL.
+
+Tenancy, optimistic versioning, concurrent appends, enforced foreign keys, corrupt rows,
+forgetting a user. Rows are read back with ``raw`` (``?`` placeholders on every backend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from cogency.errors import ConflictError, CorruptDataError, NotFoundError
+from cogency.memory import Memory
+from cogency.state import State, add_message, autosave
+from cogency.storage import SaveBatch, SQLiteStore, TaskRecord
+
+
+def as_json(value: Any) -> Any:
+    return value if isinstance(value, (dict, list)) else json.loads(value)
+
+
+async def seqs(raw, conversation_id: str) -> list[int]:
+    rows = await raw(
+        "SELECT seq FROM conversation_messages WHERE conversation_id = ? ORDER BY seq",
+        conversation_id,
+    )
+    return [row[0] for row in rows]
+
+
+async def message_count(raw, conversation_id: str) -> int:
+    rows = await raw(
+        "SELECT message_count FROM conversations WHERE conversation_id = ?", conversation_id
+    )
+    return rows[0][0]
+
+
+async def execute_as_store(store: Any, raw, sql: str, *params: Any) -> None:
+    """Run SQL on a connection configured like the store's own.
+
+    SQLite enforces foreign keys per connection, so a write must go through the store's
+    connection to prove *its* settings; a server backend enforces them for every session.
+    """
+    if isinstance(store, SQLiteStore):
+        await store._run(lambda db: db.execute(sql, params).fetchall())
+    else:
+        await raw(sql, *params)
+
+
+async def alice_with_history(store: Any) -> State:
+    state = await State.start_task("alice's secret plan", "alice", store=store)
+    add_message(state, "user", "my bank PIN is 4321")
+    state.workspace.update({"discoveries": "alice-only discovery"})
+    await autosave(state)
+    return state
+
+
+# -- tenancy ------------------------------------------------------------------------------
+
+
+async def test_another_users_task_is_not_found_and_reveals_nothing(any_store, raw):
+    alice = await alice_with_history(any_store)
+
+    with pytest.raises(NotFoundError) as caught:
+        await State.continue_task(alice.task_id, "bob", store=any_store)
+    assert "4321" not in str(caught.value) and "alice-only" not in str(caught.value)
+    with pytest.raises(NotFoundError):
+        await any_store.load_task(alice.task_id, "bob")
+    with pytest.raises(NotFoundError):
+        await any_store.load_conversation(alice.conversation.conversation_id, "bob")
+    with pytest.raises(NotFoundError):
+        await any_store.load_messages(alice.conversation.conversation_id, "bob")
+    assert await any_store.list_tasks("bob") == []
+    assert await any_store.list_conversations("bob") == []
+    assert await any_store.load_profile("bob") is None
+
+    # Writing into alice's task or conversation as bob is refused and writes nothing.
+    with pytest.raises(NotFoundError):
+        await any_store.save(SaveBatch(
+            user_id="bob", task_id=alice.task_id,
+            conversation_id=alice.conversation.conversation_id, expected_version=alice.version,
+            messages=[{"role": "user", "content": "injected", "tokens": 1}],
+            workspace={"objective": "hijacked"},
+        ))
+    with pytest.raises(NotFoundError):
+        await any_store.save(SaveBatch(
+            user_id="bob", task_id="bob-task", conversation_id=alice.conversation.conversation_id,
+            expected_version=1, messages=[{"role": "user", "content": "injected", "tokens": 1}],
+        ))
+    assert await seqs(raw, alice.conversation.conversation_id) == [1]
+    rows = await raw("SELECT content FROM conversation_messages")
+    assert [r[0] for r in rows] == ["my bank PIN is 4321"]
+    data = as_json((await raw("SELECT workspace_data FROM task_workspaces"))[0][0])
+    assert data["objective"] == "alice's secret plan"
+
+    # Alice still sees all of it.
+    resumed = await State.continue_task(alice.task_id, "alice", store=any_store)
+    assert resumed.workspace.discoveries == "alice-only discovery"
+
+
+async def test_a_conversation_id_owned_by_another_user_cannot_be_continued(any_store, raw):
+    alice = await alice_with_history(any_store)
+    conversation_id = alice.conversation.conversation_id
+
+    with pytest.raises(NotFoundError, match="no conversation"):
+        await State.start_task("let me in", "bob", conversation_id, store=any_store)
+
+    # The refused start wrote nothing at all: not even bob's profile row.
+    assert await raw("SELECT user_id FROM user_profiles") == [("alice",)]
+    assert await raw("SELECT user_id FROM conversations") == [("alice",)]
+    assert [r[0] for r in await raw("SELECT user_id FROM task_workspaces")] == ["alice"]
+    assert await seqs(raw, conversation_id) == [1]
+
+
+async def test_forget_user_removes_only_that_users_data(any_store, raw):
+    alice = await alice_with_history(any_store)
+    bob = await State.start_task("bob's task", "bob", store=any_store)
+    add_message(bob, "user", "hello from bob")
+    await bob.complete_task()
+    await Memory(store=any_store).forget("alice")
+
+    assert await raw("SELECT user_id FROM user_profiles") == [("bob",)]
+    assert await raw("SELECT user_id FROM conversations") == [("bob",)]
+    assert await raw("SELECT task_id FROM task_workspaces") == []
+    rows = await raw("SELECT conversation_id, content FROM conversation_messages")
+    assert rows == [(bob.conversation.conversation_id, "hello from bob")]
+    with pytest.raises(NotFoundError):
+        await State.continue_task(alice.task_id, "alice", store=any_store)
+
+
+# -- versions and conflicts ------------------------------------------------------------------
+
+
+async def test_a_stale_workspace_save_conflicts_and_writes_nothing(any_store, raw):
+    start = await State.start_task("shared task", "alice", store=any_store)
+    one = await State.continue_task(start.task_id, "alice", store=any_store)
+    two = await State.continue_task(start.task_id, "alice", store=any_store)
+    conversation_id = start.conversation.conversation_id
+
+    add_message(one, "assistant", "from one")
+    one.workspace.understanding = "one's view"
+    await autosave(one)
+
+    add_message(two, "assistant", "from two")
+    two.workspace.understanding = "two's view"
+    with pytest.raises(ConflictError, match="continue_task again"):
+        await autosave(two)
+
+    # The losing save wrote none of its parts: not its message, not its workspace.
+    rows = await raw("SELECT version, workspace_data FROM task_workspaces")
+    assert rows[0][0] == 2
+    assert as_json(rows[0][1])["understanding"] == "one's view"
+    assert [r[0] for r in await raw("SELECT content FROM conversation_messages")] == ["from one"]
+    assert await message_count(raw, conversation_id) == 1
+    with pytest.raises(ConflictError):
+        await two.complete_task()
+    assert len(await raw("SELECT task_id FROM task_workspaces")) == 1
+
+    # Reloading gets the winner's workspace and a save that works.
+    three = await State.continue_task(start.task_id, "alice", store=any_store)
+    assert three.workspace.understanding == "one's view"
+    three.workspace.approach = "agreed"
+    await autosave(three)
+    assert (await raw("SELECT version FROM task_workspaces"))[0][0] == 3
+
+
+async def test_saving_a_task_completed_elsewhere_is_not_found(any_store, raw):
+    start = await State.start_task("t", "alice", store=any_store)
+    other = await State.continue_task(start.task_id, "alice", store=any_store)
+    await start.complete_task()
+    other.workspace.discoveries = "too late"
+    add_message(other, "assistant", "too late")
+    with pytest.raises(NotFoundError, match="completed"):
+        await autosave(other)
+    assert await raw("SELECT task_id FROM task_workspaces") == []
+    assert await raw("SELECT content FROM conversation_messages") == []
+
+
+async def test_a_task_id_is_used_once(any_store, raw):
+    await State.start_task("a", "alice", store=any_store, task_id="fixed-id")
+    with pytest.raises(ConflictError, match="already exists"):
+        await State.start_task("b", "alice", store=any_store, task_id="fixed-id")
+    with pytest.raises(ConflictError):  # nor by another user
+        await State.start_task("b", "bob", store=any_store, task_id="fixed-id")
+    assert [tuple(r) for r in await raw("SELECT task_id, query FROM task_workspaces")] == [
+        ("fixed-id", "a")
+    ]
+    assert await raw("SELECT user_id FROM user_profiles WHERE user_id = 'bob'") == []
+
+
+# -- concurrency -----------------------------------------------------------------------------
+
+
+async def test_twenty_concurrent_tasks_append_to_one_conversation(any_store, raw):
+    first = await State.start_task("root", "alice", store=any_store)
+    conversation_id = first.conversation.conversation_id
+
+    async def task(n: int) -> State:
+        state = await State.start_task(f"task {n}", "alice", conversation_id, store=any_store)
+        for k in range(3):
+            add_message(state, "user", f"t{n}-m{k}")
+            if k == 1:
+                await autosave(state)  # saves interleave with the other tasks'
+        state.workspace.discoveries = f"done {n}"
+        await state.complete_task()
+        return state
+
+    await asyncio.gather(*(task(n) for n in range(20)))
+
+    assert await seqs(raw, conversation_id) == list(range(1, 61))
+    assert await message_count(raw, conversation_id) == 60
+    contents = [r[0] for r in await raw(
+        "SELECT content FROM conversation_messages WHERE conversation_id = ? ORDER BY seq",
+        conversation_id,
+    )]
+    assert sorted(contents) == sorted(f"t{n}-m{k}" for n in range(20) for k in range(3))
+    for n in range(20):  # each task's own messages keep their order
+        mine = [c for c in contents if c.startswith(f"t{n}-")]
+        assert mine == [f"t{n}-m0", f"t{n}-m1", f"t{n}-m2"]
+    assert [r[0] for r in await raw("SELECT task_id FROM task_workspaces")] == [first.task_id]
+
+
+async def test_concurrent_profile_updates_are_all_applied(any_store, raw):
+    await State.start_task("t", "alice", store=any_store)
+
+    def bump(profile):
+        profile.interaction_count += 1
+
+    await asyncio.gather(*(any_store.update_profile("alice", bump) for _ in range(15)))
+    data = as_json((await raw("SELECT profile_data FROM user_profiles"))[0][0])
+    assert data["interaction_count"] == 15
+
+
+# -- integrity -------------------------------------------------------------------------------
+
+
+async def test_foreign_keys_are_enforced(any_store, raw):
+    await any_store.list_tasks()  # opens the store and creates the schema
+    with pytest.raises(Exception, match="(?i)foreign key"):
+        await execute_as_store(
+            any_store, raw,
+            "INSERT INTO task_workspaces (task_id, user_id, workspace_data, updated_at) "
+            "VALUES (?, ?, ?, ?)",
+            "orphan", "nobody", "{}", "2024-01-01T00:00:00+00:00",
+        )
+    with pytest.raises(Exception, match="(?i)foreign key"):
+        await execute_as_store(
+            any_store, raw,
+            "INSERT INTO conversation_messages (conversation_id, seq, role, content, tokens, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            "no-such-conversation", 1, "user", "x", 1, "2024-01-01T00:00:00+00:00",
+        )
+    assert await raw("SELECT task_id FROM task_workspaces") == []
+    assert await raw("SELECT seq FROM conversation_messages") == []
+
+
+async def _corrupt(raw_write, sql: str, *params: Any) -> bool:
+    """Write a corrupt value; False when the backend itself refuses to store invalid JSON."""
+    try:
+        await raw_write(sql, *params)
+    except Exception as exc:  # a JSON column type rejects the text: nothing corrupt can exist
+        assert "json" in str(exc).lower(), exc
+        return False
+    return True
+
+
+async def test_a_corrupt_workspace_row_raises_corrupt_data_naming_the_row(any_store, raw_write):
+    for bad in ("{not json", '{"objective": "cut', "[1, 2]", '"text"'):
+        state = await State.start_task("t", "alice", store=any_store)
+        if not await _corrupt(raw_write, "UPDATE task_workspaces SET workspace_data = ? "
+                              "WHERE task_id = ?", bad, state.task_id):
+            continue
+        with pytest.raises(CorruptDataError) as caught:
+            await State.continue_task(state.task_id, "alice", store=any_store)
+        assert "task_workspaces" in str(caught.value) and state.task_id in str(caught.value)
+        with pytest.raises(CorruptDataError):
+            await any_store.list_tasks("alice")
+        await raw_write("DELETE FROM task_workspaces WHERE task_id = ?", state.task_id)
+
+
+async def test_a_corrupt_conversation_row_raises_corrupt_data_naming_the_row(any_store, raw_write):
+    for bad in ("{not json", "[]", '{"created_at": "last tuesday"}'):
+        state = await State.start_task("t", "alice", store=any_store)
+        conversation_id = state.conversation.conversation_id
+        if not await _corrupt(raw_write, "UPDATE conversations SET conversation_data = ? "
+                              "WHERE conversation_id = ?", bad, conversation_id):
+            continue
+        for attempt in (
+            lambda: State.continue_task(state.task_id, "alice", store=any_store),
+            lambda: State.start_task("again", "alice", conversation_id, store=any_store),
+        ):
+            with pytest.raises(CorruptDataError) as caught:
+                await attempt()
+            assert "conversations" in str(caught.value) and conversation_id in str(caught.value)
+
+
+async def test_a_corrupt_profile_row_raises_corrupt_data_naming_the_row(any_store, raw, raw_write):
+    await State.start_task("t", "alice", store=any_store)
+    for bad in ("{not json", "[]", '{"goals": "not a list"}', '{"interaction_count": "many"}',
+                '{"last_updated": "soon"}'):
+        if not await _corrupt(raw_write, "UPDATE user_profiles SET profile_data = ? "
+                              "WHERE user_id = ?", bad, "alice"):
+            continue
+        with pytest.raises(CorruptDataError) as caught:
+            await Memory(store=any_store).activate("alice")
+        assert "user_profiles" in str(caught.value) and "alice" in str(caught.value)
+        with pytest.raises(CorruptDataError):
+            await any_store.update_profile("alice", lambda p: None)
+        # The corrupt row is left for the user to repair, not overwritten with defaults.
+        assert (await raw("SELECT profile_data FROM user_profiles"))[0][0] == bad
+
+
+async def test_message_text_round_trips_exactly(any_store, raw):
+    texts = [
+        "plain", "", "naïve café — 東京 🚀", "line\nbreaks\r\nand\ttabs", "quote ' \" \\ back",
+        "x" * 200_000, '{"looks": "like json"}', "\u2028\u2029 separators",
+        "emoji \U0001f469\u200d\U0001f4bb and combining e\u0301",
+    ]
+    state = await State.start_task("t", "alice", store=any_store)
+    for text in texts:
+        add_message(state, "user", text)
+    await autosave(state)
+    rows = await raw("SELECT content FROM conversation_messages ORDER BY seq")
+    assert [r[0] for r in rows] == texts
+    loaded = await any_store.load_messages(state.conversation.conversation_id, "alice")
+    assert [m["content"] for m in loaded] == texts
+
+
+async def test_nul_characters_round_trip(any_store, raw, request):
+    # Tool output (a binary file read as text) can hold NUL; saving it must not end the task.
+    if not isinstance(any_store, SQLiteStore):
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="PostgresStore refuses NUL in text (StorageError); needs an "
+            "escape or a bytea column to hold what SQLite holds",
+        ))
+    texts = ["nul \x00 byte", "\x00", "a\x00b\x00c"]
+    state = await State.start_task("t", "alice", store=any_store)
+    for text in texts:
+        add_message(state, "tool", text)
+    state.workspace.discoveries = "found \x00 in the file"
+    await autosave(state)
+    rows = await raw("SELECT content FROM conversation_messages ORDER BY seq")
+    assert [r[0] for r in rows] == texts
+    resumed = await State.continue_task(state.task_id, "alice", store=any_store)
+    assert [m["content"] for m in resumed.execution.messages] == texts
+    assert resumed.workspace.discoveries == "found \x00 in the file"
+
+
+async def test_list_tasks_and_conversations_are_scoped_by_user(any_store, raw):
+    a1 = await State.start_task("a1", "alice", store=any_store)
+    a2 = await State.start_task("a2", "alice", store=any_store)
+    b1 = await State.start_task("b1", "bob", store=any_store)
+    assert {t.task_id for t in await any_store.list_tasks("alice")} == {a1.task_id, a2.task_id}
+    assert {t.task_id for t in await any_store.list_tasks()} == {
+        a1.task_id, a2.task_id, b1.task_id,
+    }
+    conversations = await any_store.list_conversations("bob")
+    assert [c.conversation_id for c in conversations] == [b1.conversation.conversation_id]
+    task = (await any_store.list_tasks("bob"))[0]
+    assert isinstance(task, TaskRecord)
+    assert (task.user_id, task.conversation_id, task.query, task.version) == (
+        "bob", b1.conversation.conversation_id, "b1", 1,
+    )

@@ -1,0 +1,172 @@
+"""@tool: schemas from typed, documented functions; validation before the call; bad definitions."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from typing import Literal, Optional
+
+import pytest
+
+from cogency import Tool, tool
+from cogency.errors import ToolArgumentError, ToolError
+from cogency.tools.base import run_tool, run_tools
+
+
+class Unit(enum.Enum):
+    C = "celsius"
+    F = "fahrenheit"
+
+
+@tool
+def forecast(
+    city: str,
+    days: int = 3,
+    hourly: bool = False,
+    threshold: float = 0.5,
+    unit: Literal["c", "f"] = "c",
+    stations: list[int] | None = None,
+    note: Optional[str] = None,
+    scale: Unit = Unit.C,
+    tags: dict[str, int] | None = None,
+) -> str:
+    """Forecast the weather.
+
+    Longer text that is not part of the summary.
+
+    Args:
+        city: The city name,
+            as people write it.
+        days (int): How many days ahead.
+        stations: Station ids to use.
+    """
+    return f"{city} {days} {hourly} {threshold} {unit} {stations} {note} {scale} {tags}"
+
+
+def test_schema_from_the_signature_and_docstring():
+    assert forecast.name == "forecast"
+    assert forecast.description == "Forecast the weather."
+    schema = forecast.parameters
+    assert schema["type"] == "object" and schema["additionalProperties"] is False
+    assert schema["required"] == ["city"]
+    props = schema["properties"]
+    assert props["city"] == {"type": "string", "description": "The city name, as people write it."}
+    assert props["days"] == {"type": "integer", "description": "How many days ahead.", "default": 3}
+    assert props["hourly"] == {"type": "boolean", "default": False}
+    assert props["threshold"] == {"type": "number", "default": 0.5}
+    assert props["unit"] == {"enum": ["c", "f"], "default": "c"}
+    assert props["stations"]["anyOf"] == [
+        {"type": "array", "items": {"type": "integer"}}, {"type": "null"},
+    ]
+    assert props["stations"]["description"] == "Station ids to use."
+    assert props["note"] == {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}
+    assert props["scale"] == {"enum": ["celsius", "fahrenheit"]}
+    assert props["tags"]["anyOf"][0] == {"type": "object", "additionalProperties": {"type": "integer"}}
+    line = forecast.signature()
+    assert line.startswith("forecast(city: string, days: integer = optional")
+    assert "unit: \"c\" | \"f\" = optional" in line and "list[integer] | null" in line
+
+
+def test_validation_accepts_good_args_and_names_the_bad_one():
+    assert forecast.validate({"city": "Oslo", "stations": [1, 2], "threshold": 1}) == {
+        "city": "Oslo", "stations": [1, 2], "threshold": 1,
+    }
+    cases = [
+        ({}, "missing the required argument 'city'"),
+        ({"city": 1}, "args.city must be string"),
+        ({"city": "x", "days": True}, "args.days must be integer"),
+        ({"city": "x", "days": 2.5}, "args.days must be integer"),
+        ({"city": "x", "threshold": float("nan")}, "NaN"),
+        ({"city": "x", "unit": "k"}, 'must be one of "c", "f"'),
+        ({"city": "x", "stations": [1, "2"]}, "args.stations must be list[integer] | null"),
+        ({"city": "x", "tags": {"a": "b"}}, "args.tags must be"),
+        ({"city": "x", "colour": "red"}, "unknown argument 'colour'"),
+        ("Oslo", "args must be object"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ToolArgumentError) as caught:
+            forecast.validate(args)
+        assert message in str(caught.value), (args, str(caught.value))
+        assert "'forecast'" in str(caught.value)
+
+
+async def test_sync_and_async_functions_are_called_alike():
+    @tool(name="double", description="Double a number.", timeout=2)
+    async def twice(n: int) -> int:
+        await asyncio.sleep(0)
+        return n * 2
+
+    @tool
+    def shout(text: str) -> dict[str, str]:
+        """Shout."""
+        return {"text": text.upper()}
+
+    assert (twice.name, twice.description, twice.timeout) == ("double", "Double a number.", 2)
+    assert await twice(n=4) == 8 and await shout(text="hi") == {"text": "HI"}
+    results = await run_tools({"double": twice, "shout": shout}, [
+        {"name": "shout", "args": {"text": "a"}},
+        {"name": "double", "args": {"n": 5}},
+        {"name": "missing", "args": {}},
+    ])
+    assert results == [
+        {"name": "shout", "args": {"text": "a"}, "ok": True, "output": '{"text": "A"}'},
+        {"name": "double", "args": {"n": 5}, "ok": True, "output": "10"},
+        {"name": "missing", "args": {}, "ok": False, "error": "unknown tool 'missing'"},
+    ]
+
+
+async def test_long_output_is_cut_and_marked():
+    @tool
+    def big() -> str:
+        """Lots of text."""
+        return "x" * 50_000
+
+    result = await run_tool(big, "big", {})
+    assert result["ok"] and len(result["output"]) < 21_000
+    assert result["output"].endswith("[cut: 30000 more characters]")
+
+
+def test_bad_definitions_raise_tool_error():
+    def undocumented(x: int) -> int:
+        return x
+
+    def untyped(x):
+        """Has no annotation."""
+
+    def star(*items: int) -> None:
+        """Variadic."""
+
+    def odd_type(x: complex) -> None:
+        """Complex numbers have no JSON type."""
+
+    for fn, message in [
+        (undocumented, "needs a description"),
+        (untyped, "needs a type annotation"),
+        (star, "*args and **kwargs"),
+        (odd_type, "cannot describe the type"),
+    ]:
+        with pytest.raises(ToolError, match=message.replace("*", r"\*")):
+            tool(fn)
+    with pytest.raises(ToolError, match="tool name"):
+        tool(name="has space", description="d")(lambda: None)
+    with pytest.raises(ToolError, match="timeout"):
+        tool(timeout=0)(forecast.func)
+    with pytest.raises(ToolError, match="type object"):
+        Tool("t", "d", {"type": "array"}, lambda: None)
+    with pytest.raises(ToolError, match="callable"):
+        Tool("t", "d", {"type": "object"}, "not a function")  # type: ignore[arg-type]
+
+
+def test_the_decorated_tool_is_a_tool_for_the_agent():
+    from cogency import Agent
+    from cogency.errors import UsageError
+    from cogency.testing import ScriptedLLM
+
+    def plain(x: int) -> int:
+        """Not decorated."""
+        return x
+
+    with pytest.raises(UsageError, match="@tool"):
+        Agent(llm=ScriptedLLM([]), tools=[plain], store=":memory:")  # type: ignore[list-item]
+    with pytest.raises(UsageError, match="unique"):
+        Agent(llm=ScriptedLLM([]), tools=[forecast, forecast], store=":memory:")
