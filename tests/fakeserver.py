@@ -25,6 +25,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     """Seconds to wait before answering (a slow provider)."""
+    hang: float = 0.0
+    """Seconds to keep a stream open after its events (a provider that stalls)."""
 
 
 @dataclass
@@ -63,7 +65,9 @@ class FakeServer:
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._http.daemon_threads = True
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -106,8 +110,7 @@ class FakeServer:
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout test)
 
-    @staticmethod
-    def _send(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
+    def _send(self, handler: BaseHTTPRequestHandler, reply: Reply) -> None:
         handler.send_response(reply.status)
         for name, value in reply.headers.items():
             handler.send_header(name, value)
@@ -118,6 +121,8 @@ class FakeServer:
             for block in reply.events:
                 handler.wfile.write(block.encode())
                 handler.wfile.flush()
+            if reply.hang:
+                self._stop.wait(reply.hang)
             return
         body = reply.body
         data = (body if isinstance(body, str) else json.dumps(body)).encode()

@@ -115,3 +115,42 @@ def raw_rows(store: PostgresStore) -> Callable[..., Awaitable[list[tuple]]]:
             await connection.close()
 
     return rows
+
+
+async def connect(dsn: str) -> Any:
+    """A plain asyncpg connection to ``dsn`` (to hold locks or kill sessions from outside)."""
+    import asyncpg
+
+    return await asyncpg.connect(dsn, timeout=5)
+
+
+async def wait_for_blocked_backend(
+    observer: Any, *, exclude: set[int] = frozenset(), timeout: float = 10.0
+) -> int:
+    """The pid of a session of the store waiting on a lock in ``observer``'s database.
+
+    Polls ``pg_stat_activity`` (a condition, not a guess at timing) and fails after ``timeout``.
+    """
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        pid = await observer.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'cogency' AND wait_event_type = 'Lock' "
+            "AND NOT (pid = ANY($1::int[])) LIMIT 1",
+            list(exclude),
+        )
+        if pid is not None:
+            return int(pid)
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no store session blocked on a lock within {timeout}s")
+
+
+async def advisory_locks(observer: Any) -> int:
+    """How many advisory locks are held in ``observer``'s database (task leases)."""
+    return await observer.fetchval(
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+        "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()"
+    )

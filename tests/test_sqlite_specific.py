@@ -470,11 +470,10 @@ WRITER = textwrap.dedent(
 )
 
 
-async def test_several_processes_append_to_one_conversation(db_path, db):
-    store = SQLiteStore(db_path)
-    root = await State.start_task("root", "alice", store=store)
-    await store.close()
-    conversation_id = root.conversation.conversation_id
+async def test_several_processes_create_and_append_to_one_conversation(db_path, db):
+    # The file does not exist yet: the processes race to create and migrate it, then to
+    # create the conversation, then append with interleaved transactions.
+    conversation_id = "shared-conversation"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     writers = [
         subprocess.Popen(
@@ -492,10 +491,17 @@ async def test_several_processes_append_to_one_conversation(db_path, db):
         (conversation_id,),
     ).fetchall()
     assert [s for s, _ in seq_rows] == list(range(1, 46))
-    assert sorted(c for _, c in seq_rows) == sorted(f"p{n}:{k}" for n in range(3) for k in range(15))
+    assert sorted(c for _, c in seq_rows) == sorted(
+        f"p{n}:{k}" for n in range(3) for k in range(15)
+    )
     for n in range(3):
-        assert [c for _, c in seq_rows if c.startswith(f"p{n}:")] == [f"p{n}:{k}" for k in range(15)]
+        mine = [c for _, c in seq_rows if c.startswith(f"p{n}:")]
+        assert mine == [f"p{n}:{k}" for k in range(15)]
     assert db.execute(
         "SELECT message_count FROM conversations WHERE conversation_id = ?", (conversation_id,)
     ).fetchone() == (45,)
-    assert db.execute("SELECT task_id FROM task_workspaces").fetchall() == [(root.task_id,)]
+    assert db.execute("SELECT count(*) FROM conversations").fetchone() == (1,)
+    assert db.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
+        len(MIGRATION_NAMES),
+    )
+    assert db.execute("SELECT task_id FROM task_workspaces").fetchall() == []

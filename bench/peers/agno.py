@@ -76,10 +76,14 @@ def _fake_class() -> Any:
     return FakeModel
 
 
-def construct(script: Script) -> Any:
+def make_tool() -> Any:
+    return _harness.lookup  # Agno takes plain functions and reads them when it runs
+
+
+def construct(script: Script, tool: Any) -> Any:
     from agno.agent import Agent
 
-    return Agent(model=_fake_class()(script=script), tools=[_harness.lookup], telemetry=False)
+    return Agent(model=_fake_class()(script=script), tools=[tool], telemetry=False)
 
 
 class _Session:

@@ -29,21 +29,27 @@ def _model(script: Script) -> Any:
     return ScriptedLLM(itertools.repeat(reply))
 
 
-def construct(script: Script) -> Any:
-    from cogency import Agent, tool
+def make_tool() -> Any:
+    from cogency import tool
+
+    return tool(_harness.lookup)
+
+
+def construct(script: Script, tool: Any) -> Any:
+    from cogency import Agent
     from cogency.storage import SQLiteStore
 
-    return Agent(_model(script), tools=[tool(_harness.lookup)], store=SQLiteStore(":memory:"))
+    return Agent(_model(script), tools=[tool], store=SQLiteStore(":memory:"))
 
 
 class _Session:
     def __init__(self, script: Script, db_path: str | None) -> None:
-        from cogency import Agent, tool
+        from cogency import Agent
         from cogency.storage import SQLiteStore
 
         self.store = SQLiteStore(db_path or ":memory:")
         self.llm = _model(script)
-        self.agent = Agent(self.llm, tools=[tool(_harness.lookup)], store=self.store)
+        self.agent = Agent(self.llm, tools=[make_tool()], store=self.store)
         self.conversation_id = SESSION_ID if db_path else None
 
     async def turn(self, text: str) -> str:

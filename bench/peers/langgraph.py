@@ -72,12 +72,17 @@ def _fake_class() -> Any:
     return FakeChat
 
 
-def _graph(script: Script, checkpointer: Any = None) -> Any:
+def make_tool() -> Any:
     from langchain_core.tools import tool
+
+    return tool(_harness.lookup)
+
+
+def _graph(script: Script, tool: Any, checkpointer: Any = None) -> Any:
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    tools = [tool(_harness.lookup)]
+    tools = [tool]
     model = _fake_class()(script=script).bind_tools(tools)
 
     async def agent(state: MessagesState) -> dict[str, Any]:
@@ -92,8 +97,8 @@ def _graph(script: Script, checkpointer: Any = None) -> Any:
     return builder.compile(checkpointer=checkpointer)
 
 
-def construct(script: Script) -> Any:
-    return _graph(script)
+def construct(script: Script, tool: Any) -> Any:
+    return _graph(script, tool)
 
 
 class _Session:
@@ -123,7 +128,7 @@ class _Session:
 
 async def open_session(script: Script, db_path: str | None) -> _Session:
     if db_path is None:
-        return _Session(_graph(script), None)
+        return _Session(_graph(script, make_tool()), None)
     import aiosqlite
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -131,7 +136,7 @@ async def open_session(script: Script, db_path: str | None) -> _Session:
     await conn.execute("PRAGMA synchronous = NORMAL")  # as Cogency; setup() turns WAL on
     saver = AsyncSqliteSaver(conn)
     await saver.setup()
-    return _Session(_graph(script, saver), conn)
+    return _Session(_graph(script, make_tool(), saver), conn)
 
 
 if __name__ == "__main__":

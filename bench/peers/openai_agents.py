@@ -72,16 +72,22 @@ def _classes() -> Any:
     return _CLASSES
 
 
-def _agent(script: Script) -> Any:
-    from agents import Agent, function_tool
+def make_tool() -> Any:
+    from agents import function_tool
+
+    return function_tool(_harness.lookup)
+
+
+def _agent(script: Script, tool: Any) -> Any:
+    from agents import Agent
 
     fake, _ = _classes()
     return Agent(name="bench", instructions="You are a benchmark agent.", model=fake(script),
-                 tools=[function_tool(_harness.lookup)])
+                 tools=[tool])
 
 
-def construct(script: Script) -> Any:
-    return _agent(script)
+def construct(script: Script, tool: Any) -> Any:
+    return _agent(script, tool)
 
 
 class _Session:
@@ -109,7 +115,7 @@ class _Session:
 
 
 async def open_session(script: Script, db_path: str | None) -> _Session:
-    agent = _agent(script)
+    agent = _agent(script, make_tool())
     if db_path is None:
         return _Session(agent, None)
     _, session_class = _classes()

@@ -201,7 +201,9 @@ def _first_object(text: str) -> dict[str, Any] | None:
     while start != -1 and tries < 32:
         tries += 1
         value = _decode(decoder, text[start:])
-        if value is None:  # only then pay for the repair: most replies are clean JSON
+        if value is None and _TRAILING_COMMA.search(text, start):
+            # Only then pay for the repair: most replies are clean JSON, and a hostile one
+            # with thousands of '{' must not cost a character-by-character walk for each.
             value = _decode(decoder, _strip_trailing_commas(text[start:]))
         if isinstance(value, dict):
             return value

@@ -35,7 +35,7 @@ MODEL_SIZE_MB = 93
 DEFAULT_CONTEXT = 8192
 """SmolLM2's training context; other GGUF files get the same unless ``n_ctx`` says."""
 FIELD_CHARS = 240
-RESPONSE_CHARS = 600
+RESPONSE_CHARS = 400
 MAX_ACTIONS = 2
 
 
@@ -131,7 +131,7 @@ class LocalLLM(OpenAILLM):
     the first call (loading takes about a second), listens on 127.0.0.1 only, and stops on
     :meth:`close`. Replies are constrained by a tightened step schema (bounded strings,
     at most ``MAX_ACTIONS`` calls) at ``temperature`` 0 with ``max_tokens`` 512, so a small
-    model always finishes its JSON.
+    model always finishes its JSON; see :func:`local_schema` (and ``judge_security``).
     """
 
     provider = "local"
@@ -147,6 +147,7 @@ class LocalLLM(OpenAILLM):
         timeout: float = DEFAULT_TIMEOUT,
         max_retries: int = 1,
         progress: IO[str] | None = None,
+        judge_security: bool = False,
     ) -> None:
         path = Path(model_path).expanduser() if model_path else None
         if path is not None and not path.is_file():
@@ -168,6 +169,7 @@ class LocalLLM(OpenAILLM):
         self.n_ctx = n_ctx
         self.threads = threads
         self.progress = progress
+        self.judge_security = judge_security
         self.base_url = None
         self.official = False
         self.extra_body: dict[str, Any] = {}
@@ -193,9 +195,11 @@ class LocalLLM(OpenAILLM):
         params.verbosity = -1  # llama.cpp's own log would flood the terminal
         params.hostnames = ["127.0.0.1"]
         params.port = 0  # any free port
-        if self.threads:
-            params.cpuparams.n_threads = self.threads
-            params.cpuparams_batch.n_threads = self.threads
+        # llama.cpp's worker threads spin while they wait: on a busy machine, threads for
+        # every core make a small model ten times slower, so half the cores by default.
+        threads = self.threads or max(1, min(4, (os.cpu_count() or 2) // 2))
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
         try:
             server = self._xllamacpp.Server(params)
         except Exception as exc:  # the binding raises plain RuntimeError/ValueError
@@ -216,14 +220,17 @@ class LocalLLM(OpenAILLM):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    async def _attempt(
-        self, messages: list[Message], schema: dict[str, Any] | None, stream: bool
+    async def generate(
+        self, messages: list[Message], *, schema: dict[str, Any] | None = None
+    ) -> Completion:
+        await self.start()  # outside the call's time limit: the first start may download
+        return await super().generate(messages, schema=local_schema(schema, self.judge_security))
+
+    async def stream(
+        self, messages: list[Message], *, schema: dict[str, Any] | None = None
     ) -> AsyncIterator[str | Completion]:
         await self.start()
-        if schema is not None:
-            schema = bounded(schema, max_chars=FIELD_CHARS, response_chars=RESPONSE_CHARS,
-                             max_actions=MAX_ACTIONS)
-        async for piece in super()._attempt(messages, schema, stream):
+        async for piece in super().stream(messages, schema=local_schema(schema, self.judge_security)):
             yield piece
 
     async def close(self) -> None:
@@ -234,6 +241,29 @@ class LocalLLM(OpenAILLM):
         if client is not None:
             await client.close()
         del server  # the last reference: llama.cpp's server stops with it
+
+
+def local_schema(schema: dict[str, Any] | None, judge_security: bool) -> dict[str, Any] | None:
+    """The step schema as a small model under a grammar does best with it.
+
+    Bounded (see :func:`~cogency.llm._schema.bounded`), with ``response`` and ``actions``
+    first: the grammar writes properties in schema order, and a small model that writes the
+    workspace first copies the contract's placeholder text instead of answering. Without
+    ``judge_security``, ``secure`` is pinned to true: a 135M model's verdict is noise (it
+    refuses "What is 2 + 2?" about half the time).
+    """
+    if schema is None:
+        return None
+    out = bounded(schema, max_chars=FIELD_CHARS, response_chars=RESPONSE_CHARS,
+                  max_actions=MAX_ACTIONS)
+    props = out.get("properties", {})
+    first = [name for name in ("secure", "response", "actions") if name in props]
+    out["properties"] = {name: props[name] for name in [*first, *props] if name in props}
+    if "required" in out:
+        out["required"] = [name for name in out["properties"] if name in out["required"]]
+    if not judge_security and "secure" in props:
+        out["properties"]["secure"] = {"type": "boolean", "enum": [True]}
+    return out
 
 
 def local_available() -> bool:

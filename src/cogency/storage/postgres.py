@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,7 +47,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _MIGRATION_LOCK = 0x636F67656E6379  # "cogency": one key for every process migrating this database
-_DEADLOCK_RETRIES = 3
+_RETRIES = 3
+"""Attempts of one transaction: deadlock victims and connections lost before COMMIT."""
+_LOST_CONNECTION_RETRIES = 1
 _MESSAGE_BATCH = 256
 """Rows fetched per round trip while windowing history (newest first, stops at the budget)."""
 
@@ -98,6 +101,24 @@ async def _m002_conversation_messages(db: asyncpg.Connection) -> None:
         CREATE INDEX conversations_by_user ON conversations(user_id, updated_at);
         """
     )
+    # Tables made before migrations existed may keep timestamps without a zone (or as text):
+    # make them UTC instants like the rest.
+    for table in ("user_profiles", "conversations", "task_workspaces"):
+        kind = await db.fetchval(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = $1 AND column_name = 'updated_at'",
+            table,
+        )
+        if kind == "timestamp without time zone":
+            await db.execute(
+                f"ALTER TABLE {table} ALTER COLUMN updated_at TYPE TIMESTAMPTZ "
+                "USING updated_at AT TIME ZONE 'UTC'"
+            )
+        elif kind in ("text", "character varying"):
+            await db.execute(
+                f"ALTER TABLE {table} ALTER COLUMN updated_at TYPE TIMESTAMPTZ "
+                "USING updated_at::timestamptz"
+            )
     # Seed-era tables may name users with no profile row (their keys were not declared);
     # give those a default profile so the keys hold from here on.
     stamp = _time.now()
@@ -310,6 +331,7 @@ class PostgresStore:
                 timeout=self.connect_timeout,
                 command_timeout=self.command_timeout,
                 server_settings=self._settings("cogency"),
+                reset=_keep_session,
             )
         except Exception as exc:
             raise self._connect_error(exc) from exc
@@ -341,36 +363,46 @@ class PostgresStore:
         self._lease_db = None
         self._leases.clear()
 
-    async def _transact(
+    async def _use(
         self,
         operation: str,
         work: Callable[[asyncpg.Connection], Awaitable[T]],
         *,
-        readonly: bool = False,
+        write: bool = True,
+        transaction: bool = True,
     ) -> T:
-        """Run ``work`` in one transaction; a deadlock victim is retried from the start."""
+        """Run ``work`` on a pooled connection, in one transaction unless told otherwise.
+
+        Run again from the start: a deadlock victim; a transaction whose connection died before
+        its COMMIT was sent (the server rolled it back, nothing of it is stored); a read, or a
+        ``write=False`` statement that may safely repeat. A connection lost during a COMMIT is
+        reported, never retried: that change may have landed.
+        """
         asyncpg = _driver()
         pool = await self._ready()
-        for attempt in range(_DEADLOCK_RETRIES):
+        lost_connections = 0
+        for attempt in range(_RETRIES):
             try:
                 db = await pool.acquire(timeout=self.acquire_timeout)
             except asyncio.TimeoutError as exc:
                 raise StoreUnavailableError(
                     f"no PostgreSQL connection to {self._where()} became free within "
-                    f"{self.acquire_timeout:g}s while {operation} (all {self.max_size} connections "
-                    "of the pool are in use); run fewer tasks at once, or raise max_size or "
-                    "acquire_timeout. Nothing was written."
+                    f"{self.acquire_timeout:g}s while {operation}: all {self.max_size} "
+                    "connections of the pool are in use. Run fewer tasks at once, or raise "
+                    "max_size or acquire_timeout. Nothing was written."
                 ) from exc
             except Exception as exc:
                 raise self._connect_error(exc) from exc
+            committing = False
             try:
-                if readonly:
-                    async with db.transaction(isolation="repeatable_read", readonly=True):
-                        return await work(db)
-                async with db.transaction():
+                if not transaction:
                     return await work(db)
+                async with db.transaction():
+                    result = await work(db)
+                    committing = write
+                return result
             except asyncpg.exceptions.TransactionRollbackError as exc:
-                if attempt + 1 < _DEADLOCK_RETRIES:
+                if attempt + 1 < _RETRIES:
                     continue
                 raise ConflictError(
                     f"PostgreSQL kept rolling back {operation} for concurrent writers ({exc}); "
@@ -379,21 +411,26 @@ class PostgresStore:
             except CogencyError:
                 raise
             except Exception as exc:
-                raise self._error(exc, operation) from exc
+                if _lost(exc):
+                    _drop(db)
+                if _lost(exc) and not committing and (transaction or not write):
+                    lost_connections += 1
+                    if lost_connections <= _LOST_CONNECTION_RETRIES and attempt + 1 < _RETRIES:
+                        continue  # nothing of it is stored: run it again on a new connection
+                raise self._error(exc, operation, committing=committing) from exc
             finally:
                 await pool.release(db)
         raise AssertionError("unreachable")
 
-    def _error(self, exc: BaseException, operation: str) -> StorageError:
+    async def _read(self, operation: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """One read statement (atomic by itself: no BEGIN/COMMIT round trips)."""
+        return await self._use(operation, work, write=False, transaction=False)
+
+    def _error(
+        self, exc: BaseException, operation: str, *, committing: bool = False
+    ) -> StorageError:
         """A driver error as the package's own, saying what happened to the data."""
         asyncpg = _driver()
-        lost = (
-            asyncpg.exceptions.PostgresConnectionError,
-            asyncpg.exceptions.OperatorInterventionError,
-            asyncpg.exceptions.InterfaceError,
-            ConnectionError,
-            OSError,
-        )
         if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
             return StoreUnavailableError(
                 f"a row stayed locked past lock_timeout={self.lock_timeout:g}s while {operation} "
@@ -405,17 +442,24 @@ class PostgresStore:
                 f"PostgreSQL at {self._where()} did not answer in time while {operation} ({exc}); "
                 "the transaction was rolled back: retry, or raise command_timeout"
             )
-        if isinstance(exc, lost):
+        if _lost(exc) and committing:
+            return StoreUnavailableError(
+                f"the connection to PostgreSQL at {self._where()} was lost during the COMMIT "
+                f"of {operation} ({type(exc).__name__}: {exc}); the change may or may not have "
+                "been stored: reload before retrying"
+            )
+        if _lost(exc):
             return StoreUnavailableError(
                 f"the connection to PostgreSQL at {self._where()} was lost while {operation} "
-                f"({type(exc).__name__}: {exc}); its transaction was rolled back, so nothing of "
-                "it was stored: retry (the pool opens a new connection)"
+                f"({type(exc).__name__}: {exc}), again after a retry on a new connection; the "
+                "transaction was rolled back, so nothing of it was stored: check the server, "
+                "then retry"
             )
         if isinstance(exc, (asyncpg.exceptions.CharacterNotInRepertoireError,
                             asyncpg.exceptions.UntranslatableCharacterError)):
             return StorageError(
-                f"PostgreSQL cannot store this text while {operation} ({exc}); PostgreSQL text "
-                "cannot hold the NUL character (\\x00): remove it. Nothing was written."
+                f"PostgreSQL cannot store this text while {operation} ({exc}). Nothing was "
+                "written."
             )
         return StorageError(
             f"PostgreSQL error on {self._where()} while {operation}: "
@@ -487,12 +531,12 @@ class PostgresStore:
             self._lease_db = None
             self._leases.clear()
 
-    async def _on_lease_connection(self, operation: str, sql: str, key: int) -> Any:
+    async def _on_lease_connection(self, operation: str, sql: str, *args: Any) -> Any:
         assert self._lease_lock is not None
-        async with self._lease_lock:
+        async with self._lease_lock:  # one statement at a time on the one session
             db = await self._lease_connection()
             try:
-                return await db.fetchval(sql, key)
+                return await db.fetchval(sql, *args)
             except Exception as exc:
                 raise self._error(exc, operation) from exc
 
@@ -501,16 +545,21 @@ class PostgresStore:
         holder = self._leases.get(task_id)
         if holder == runner:
             return
+        got = False
         if holder is None:
-            await self._require_task(task_id, user_id)
+            # One round trip: only a task of this user is locked (another user's running task
+            # must look "not found", not "running").
             got = await self._on_lease_connection(
-                "claiming a task", "SELECT pg_try_advisory_lock($1)", _lease_key(task_id)
+                "claiming a task",
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM task_workspaces WHERE task_id = $2 "
+                "AND user_id = $3) THEN pg_try_advisory_lock($1) END",
+                _lease_key(task_id), task_id, user_id,
             )
+            if got is None:
+                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
             if got and task_id in self._leases:  # claimed meanwhile by this store (reentrant lock)
                 await self._unlock(task_id)
                 got = False
-        else:
-            got = False
         if not got:
             raise TaskRunningError(
                 f"task {task_id!r} is running in another process or agent; "
@@ -518,13 +567,14 @@ class PostgresStore:
             )
         self._leases[task_id] = runner
         try:
-            found = await self._transact(
+            found = await self._use(
                 "claiming a task",
                 lambda db: db.fetchval(
                     "UPDATE task_workspaces SET runner = $1 WHERE task_id = $2 AND user_id = $3 "
                     "RETURNING 1",
                     runner, task_id, user_id,
                 ),
+                write=False, transaction=False,  # repeating it changes nothing
             )
             if not found:
                 raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
@@ -532,25 +582,15 @@ class PostgresStore:
             await self._give_up(task_id)
             raise
 
-    async def _require_task(self, task_id: str, user_id: str) -> None:
-        found = await self._transact(
-            "claiming a task",
-            lambda db: db.fetchval(
-                "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND user_id = $2",
-                task_id, user_id,
-            ),
-        )
-        if not found:
-            raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-
     async def release_task(self, task_id: str, runner: str) -> None:
         try:
-            await self._transact(
+            await self._use(
                 "releasing a task",
                 lambda db: db.execute(
                     "UPDATE task_workspaces SET runner = NULL WHERE task_id = $1 AND runner = $2",
                     task_id, runner,
                 ),
+                write=False, transaction=False,
             )
         finally:
             if self._leases.get(task_id) == runner:
@@ -576,33 +616,41 @@ class PostgresStore:
 
         async def work(db: asyncpg.Connection) -> ConversationRecord:
             stamp = _time.now()
-            await _ensure_profile(db, task.user_id, stamp)
-            conversation = await _find_conversation(db, task.conversation_id, task.user_id)
-            if conversation is None:
+            row = await db.fetchrow(
+                "WITH profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+                "VALUES ($1, $2, $3) ON CONFLICT (user_id) DO NOTHING) "
+                + _CONVERSATION_COLUMNS + " WHERE conversation_id = $4",
+                task.user_id, dumps(Profile(task.user_id).to_dict()), stamp,
+                task.conversation_id,
+            )
+            if row is None:
                 # Two processes may create the same new conversation at once: the loser of the
-                # insert waits for the winner and then reads its row.
+                # insert waits for the winner's commit, then reads its row.
                 created = await db.fetchval(
                     "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
                     "updated_at, message_count) VALUES ($1, $2, $3, $4, 0) "
                     "ON CONFLICT (conversation_id) DO NOTHING RETURNING 1",
                     task.conversation_id, task.user_id, dumps(conversation_data), stamp,
                 )
-                if created:
-                    conversation = ConversationRecord(
-                        task.conversation_id, task.user_id, conversation_data, 0, stamp
+                if not created:
+                    row = await db.fetchrow(
+                        _CONVERSATION_COLUMNS + " WHERE conversation_id = $1",
+                        task.conversation_id,
                     )
-                else:
-                    conversation = await _find_conversation(
-                        db, task.conversation_id, task.user_id
-                    )
-                    if conversation is None:
-                        raise NotFoundError(_no_conversation(task.conversation_id, task.user_id))
+            if row is None:
+                conversation = ConversationRecord(
+                    task.conversation_id, task.user_id, conversation_data, 0, stamp
+                )
+            elif row["user_id"] != task.user_id:
+                raise NotFoundError(_no_conversation(task.conversation_id, task.user_id))
+            else:
+                conversation = _conversation(row)
             try:
                 await db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
                     "workspace_data, version, runner, updated_at) "
                     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                    task.task_id, task.user_id, task.conversation_id, task.query,
+                    task.task_id, task.user_id, task.conversation_id, _put_text(task.query),
                     dumps(task.workspace), task.version, task.runner, stamp,
                 )
             except asyncpg.exceptions.UniqueViolationError as exc:
@@ -611,7 +659,7 @@ class PostgresStore:
                 ) from exc
             return conversation
 
-        return await self._transact("starting a task", work)
+        return await self._use("starting a task", work)
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
         async def work(db: asyncpg.Connection) -> TaskRecord:
@@ -624,7 +672,7 @@ class PostgresStore:
                 )
             return _task(row)
 
-        return await self._transact("loading a task", work, readonly=True)
+        return await self._read("loading a task", work)
 
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
         async def work(db: asyncpg.Connection) -> list[TaskRecord]:
@@ -636,33 +684,40 @@ class PostgresStore:
                 )
             return [_task(row) for row in rows]
 
-        return await self._transact("listing tasks", work, readonly=True)
+        return await self._read("listing tasks", work)
 
     async def save(self, batch: SaveBatch) -> int:
         async def work(db: asyncpg.Connection) -> int:
             stamp = _time.now()
             version = batch.expected_version
-            if batch.workspace is not None or batch.complete:
-                version = await _check_version(db, batch)
+            # The version check and the write are one statement: a second writer of this task
+            # waits for the first one's row lock, then finds the version moved on.
+            if batch.complete:
+                if await db.fetchval(
+                    "DELETE FROM task_workspaces WHERE task_id = $1 AND user_id = $2 "
+                    "AND version = $3 RETURNING 1",
+                    batch.task_id, batch.user_id, version,
+                ) is None:
+                    raise await _version_problem(db, batch)
+            elif batch.workspace is not None:
+                version = await db.fetchval(
+                    "UPDATE task_workspaces SET workspace_data = $1, version = version + 1, "
+                    "updated_at = $2 WHERE task_id = $3 AND user_id = $4 AND version = $5 "
+                    "RETURNING version",
+                    dumps(batch.workspace), stamp, batch.task_id, batch.user_id, version,
+                )
+                if version is None:
+                    raise await _version_problem(db, batch)
             if batch.messages:
                 await _append(db, batch, stamp)
             if batch.profile is not None:
                 await _put_profile(db, batch.profile, stamp)
-            if batch.complete:
-                await db.execute("DELETE FROM task_workspaces WHERE task_id = $1", batch.task_id)
-            elif batch.workspace is not None:
-                version += 1
-                await db.execute(
-                    "UPDATE task_workspaces SET workspace_data = $1, version = $2, "
-                    "updated_at = $3 WHERE task_id = $4",
-                    dumps(batch.workspace), version, stamp, batch.task_id,
-                )
-            return version
+            return int(version)
 
         if not batch.complete:
-            return await self._transact("saving a task", work)
+            return await self._use("saving a task", work)
         try:
-            return await self._transact("completing a task", work)
+            return await self._use("completing a task", work)
         finally:
             # A completed task needs no runner; one whose completion failed is free for a
             # resume (the runner does not call release_task after completing).
@@ -672,12 +727,15 @@ class PostgresStore:
 
     async def load_conversation(self, conversation_id: str, user_id: str) -> ConversationRecord:
         async def work(db: asyncpg.Connection) -> ConversationRecord:
-            record = await _find_conversation(db, conversation_id, user_id)
-            if record is None:
+            row = await db.fetchrow(
+                _CONVERSATION_COLUMNS + " WHERE conversation_id = $1 AND user_id = $2",
+                conversation_id, user_id,
+            )
+            if row is None:
                 raise NotFoundError(_no_conversation(conversation_id, user_id))
-            return record
+            return _conversation(row)
 
-        return await self._transact("loading a conversation", work, readonly=True)
+        return await self._read("loading a conversation", work)
 
     async def list_conversations(self, user_id: str) -> list[ConversationRecord]:
         async def work(db: asyncpg.Connection) -> list[ConversationRecord]:
@@ -688,7 +746,7 @@ class PostgresStore:
             )
             return [_conversation(row) for row in rows]
 
-        return await self._transact("listing conversations", work, readonly=True)
+        return await self._read("listing conversations", work)
 
     async def load_messages(
         self,
@@ -699,30 +757,34 @@ class PostgresStore:
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
         async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
-            if await _find_conversation(db, conversation_id, user_id) is None:
-                raise NotFoundError(_no_conversation(conversation_id, user_id))
-            # Newest first through a cursor: a long history is read only as far as the window.
+            # Newest first, a page at a time: a long history is read only as far as the window
+            # reaches, and the usual window takes one round trip. Messages are only appended,
+            # so pages by seq need no snapshot.
             picked: list[dict[str, Any]] = []
             used = 0
-            async for seq, role, content, task_id, tokens, created in db.cursor(
-                "SELECT seq, role, content, task_id, tokens, created_at "
-                "FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq DESC",
-                conversation_id,
-                prefetch=_MESSAGE_BATCH if limit is None else max(1, min(limit, _MESSAGE_BATCH)),
-            ):
-                if limit is not None and len(picked) >= limit:
-                    break
-                if token_budget is not None and used + tokens > token_budget:
-                    break
-                used += tokens
-                picked.append(
-                    {"role": role, "content": content, "seq": seq, "task_id": task_id,
-                     "tokens": tokens, "created_at": created}
-                )
-            picked.reverse()
-            return picked
+            below = None
+            page = _MESSAGE_BATCH if limit is None else max(1, min(limit + 1, _MESSAGE_BATCH))
+            while True:
+                rows = await db.fetch(_PAGE, conversation_id, user_id, below, page)
+                if not rows:
+                    raise NotFoundError(_no_conversation(conversation_id, user_id))
+                for seq, role, content, task_id, tokens, created in rows:
+                    if seq is None:
+                        return picked[::-1]  # the conversation has no more messages
+                    if limit is not None and len(picked) >= limit:
+                        return picked[::-1]
+                    if token_budget is not None and used + tokens > token_budget:
+                        return picked[::-1]
+                    used += tokens
+                    picked.append(
+                        {"role": role, "content": _get_text(content), "seq": seq,
+                         "task_id": task_id, "tokens": tokens, "created_at": created}
+                    )
+                if len(rows) < page:
+                    return picked[::-1]
+                below = picked[-1]["seq"]
 
-        return await self._transact("loading messages", work, readonly=True)
+        return await self._read("loading messages", work)
 
     # -- profiles -------------------------------------------------------------------------
 
@@ -733,25 +795,31 @@ class PostgresStore:
             )
             return None if text is None else decode_profile(text, user_id)
 
-        return await self._transact("loading a profile", work, readonly=True)
+        return await self._read("loading a profile", work)
 
     async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
         async def work(db: asyncpg.Connection) -> Profile:
             stamp = _time.now()
             # Create the row first so that concurrent updaters of a new profile also queue on
             # its lock instead of both starting from an empty profile.
-            await _ensure_profile(db, user_id, stamp)
             text = await db.fetchval(
-                "SELECT profile_data::text FROM user_profiles WHERE user_id = $1 FOR UPDATE",
-                user_id,
+                "WITH created AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+                "VALUES ($1, $2, $3) ON CONFLICT (user_id) DO NOTHING RETURNING profile_data) "
+                "SELECT profile_data::text FROM created",
+                user_id, dumps(Profile(user_id).to_dict()), stamp,
             )
+            if text is None:
+                text = await db.fetchval(
+                    "SELECT profile_data::text FROM user_profiles WHERE user_id = $1 FOR UPDATE",
+                    user_id,
+                )
             profile = decode_profile(text, user_id)
             apply(profile)
             profile.enforce_bounds()
             await _put_profile(db, profile, stamp)
             return profile
 
-        return await self._transact("updating a profile", work)
+        return await self._use("updating a profile", work)
 
     async def forget_user(self, user_id: str) -> None:
         async def work(db: asyncpg.Connection) -> None:
@@ -766,7 +834,7 @@ class PostgresStore:
             await db.execute("DELETE FROM conversations WHERE user_id = $1", user_id)
             await db.execute("DELETE FROM user_profiles WHERE user_id = $1", user_id)
 
-        await self._transact("forgetting a user", work)
+        await self._use("forgetting a user", work)
 
 
 # -- row helpers ----------------------------------------------------------------------------
@@ -781,12 +849,21 @@ _CONVERSATION_COLUMNS = (
 )
 
 
-async def _ensure_profile(db: asyncpg.Connection, user_id: str, stamp: datetime) -> None:
-    await db.execute(
-        "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES ($1, $2, $3) "
-        "ON CONFLICT (user_id) DO NOTHING",
-        user_id, dumps(Profile(user_id).to_dict()), stamp,
-    )
+_PAGE = (
+    # The conversation's row (so a missing or foreign one is told apart from an empty one)
+    # and up to $4 of its messages below seq $3, newest first.
+    "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at FROM conversations c "
+    "LEFT JOIN LATERAL (SELECT seq, role, content, task_id, tokens, created_at "
+    "FROM conversation_messages WHERE conversation_id = c.conversation_id "
+    "AND ($3::int IS NULL OR seq < $3::int) ORDER BY seq DESC LIMIT $4) m ON true "
+    "WHERE c.conversation_id = $1 AND c.user_id = $2 ORDER BY m.seq DESC"
+)
+
+
+async def _keep_session(db: asyncpg.Connection) -> None:
+    """Pool reset: nothing to undo (no session state is set on pool connections; the leases
+    live on their own), so the default reset's round trip per release is saved. The pool
+    still rolls back a transaction left open."""
 
 
 async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime) -> None:
@@ -796,16 +873,6 @@ async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime
         "updated_at = excluded.updated_at",
         profile.user_id, dumps(profile.to_dict()), stamp,
     )
-
-
-async def _find_conversation(
-    db: asyncpg.Connection, conversation_id: str, user_id: str
-) -> ConversationRecord | None:
-    row = await db.fetchrow(
-        _CONVERSATION_COLUMNS + " WHERE conversation_id = $1 AND user_id = $2",
-        conversation_id, user_id,
-    )
-    return None if row is None else _conversation(row)
 
 
 def _no_conversation(conversation_id: str, user_id: str) -> str:
@@ -832,7 +899,7 @@ def _task(row: Any) -> TaskRecord:
         task_id,
         user_id,
         conversation_id,
-        query,
+        _get_text(query),
         decode(data, "task_workspaces", task_id, "workspace_data"),
         version,
         runner,
@@ -840,53 +907,66 @@ def _task(row: Any) -> TaskRecord:
     )
 
 
-async def _check_version(db: asyncpg.Connection, batch: SaveBatch) -> int:
-    # FOR UPDATE: a second writer of this task waits here, then sees the new version.
+async def _version_problem(db: asyncpg.Connection, batch: SaveBatch) -> CogencyError:
+    """Why a versioned write matched no row: the task is gone, or someone saved first."""
     version = await db.fetchval(
-        "SELECT version FROM task_workspaces WHERE task_id = $1 AND user_id = $2 FOR UPDATE",
+        "SELECT version FROM task_workspaces WHERE task_id = $1 AND user_id = $2",
         batch.task_id, batch.user_id,
     )
     if version is None:
-        raise NotFoundError(
+        return NotFoundError(
             f"task {batch.task_id!r} of user {batch.user_id!r} has no workspace "
             "(it completed or was deleted); start a new task"
         )
-    if version != batch.expected_version:
-        raise ConflictError(
-            f"task {batch.task_id!r} was saved by someone else (version {version}, this copy has "
-            f"{batch.expected_version}); continue_task again to get the current workspace"
-        )
-    return int(version)
+    return ConflictError(
+        f"task {batch.task_id!r} was saved by someone else (version {version}, this copy has "
+        f"{batch.expected_version}); continue_task again to get the current workspace"
+    )
 
 
 async def _append(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> None:
     count = len(batch.messages)
     # Bumping the counter takes the seq range and locks the conversation row until commit:
-    # concurrent appenders queue here, so seqs have no gaps and no duplicates.
-    last = await db.fetchval(
-        "UPDATE conversations SET message_count = message_count + $1, updated_at = $2 "
-        "WHERE conversation_id = $3 AND user_id = $4 RETURNING message_count",
-        count, stamp, batch.conversation_id, batch.user_id,
-    )
-    if last is None:
-        raise NotFoundError(_no_conversation(batch.conversation_id, batch.user_id))
-    first = last - count + 1
-    iso = stamp.isoformat()
-    seqs = list(range(first, last + 1))
-    await db.execute(
+    # concurrent appenders queue there, so seqs have no gaps and no duplicates.
+    seqs = await db.fetch(
+        "WITH counter AS (UPDATE conversations SET message_count = message_count + $2, "
+        "updated_at = $3 WHERE conversation_id = $1 AND user_id = $4 RETURNING message_count) "
         "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
-        "tokens, created_at) SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], "
-        "$5::text[], $6::int[], $7::text[])",
-        batch.conversation_id,
-        seqs,
+        "tokens, created_at) SELECT $1, counter.message_count - $2 + m.ord, m.role, m.content, "
+        "m.task_id, m.tokens, m.created_at FROM counter, unnest($5::text[], $6::text[], "
+        "$7::text[], $8::int[], $9::text[]) WITH ORDINALITY "
+        "AS m(role, content, task_id, tokens, created_at, ord) RETURNING seq",
+        batch.conversation_id, count, stamp, batch.user_id,
         [m["role"] for m in batch.messages],
-        [m["content"] for m in batch.messages],
+        [_put_text(m["content"]) for m in batch.messages],
         [m.get("task_id") for m in batch.messages],
         [m.get("tokens", 0) for m in batch.messages],
-        [m.get("created_at") or iso for m in batch.messages],
+        [m.get("created_at") or stamp.isoformat() for m in batch.messages],
     )
-    for seq, message in zip(seqs, batch.messages):
-        message["seq"] = seq  # only once the rows are written
+    if not seqs:
+        raise NotFoundError(_no_conversation(batch.conversation_id, batch.user_id))
+    first = min(row[0] for row in seqs)
+    for offset, message in enumerate(batch.messages):
+        message["seq"] = first + offset
+
+
+# PostgreSQL text cannot hold NUL, which SQLite stores (a model may emit "\u0000"). Text with
+# NUL is stored with it escaped; the escape character is escaped too, so the mapping is
+# reversible, and text holding neither (nearly all of it) is stored verbatim.
+_ESCAPE = "\ue000"  # private use: no meaning of its own
+_ESCAPED = re.compile("\ue000([0e])")
+
+
+def _put_text(text: str) -> str:
+    if "\x00" not in text and _ESCAPE not in text:
+        return text
+    return text.replace(_ESCAPE, _ESCAPE + "e").replace("\x00", _ESCAPE + "0")
+
+
+def _get_text(text: str) -> str:
+    if _ESCAPE not in text:
+        return text
+    return _ESCAPED.sub(lambda match: "\x00" if match.group(1) == "0" else _ESCAPE, text)
 
 
 def _lease_key(task_id: str) -> int:
@@ -910,6 +990,31 @@ def redact(dsn: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "<unreadable PostgreSQL URL>"
+
+
+def _lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection (not the statement) failed."""
+    asyncpg = _driver()
+    if isinstance(exc, (asyncio.TimeoutError, asyncpg.exceptions.QueryCanceledError)):
+        return False
+    return isinstance(exc, (
+        asyncpg.exceptions.PostgresConnectionError,
+        asyncpg.exceptions.OperatorInterventionError,  # e.g. pg_terminate_backend, shutdown
+        asyncpg.exceptions.InterfaceError,
+        asyncpg.exceptions.InternalClientError,  # the server's goodbye crossed our query
+        ConnectionError,
+        OSError,
+    ))
+
+
+def _drop(db: asyncpg.Connection) -> None:
+    """Close a half-dead or out-of-step pooled connection so the pool opens a new one."""
+    asyncpg = _driver()
+    try:
+        if not db.is_closed():
+            db.terminate()
+    except asyncpg.exceptions.InterfaceError:
+        pass  # it closed meanwhile and is back in the pool already, to be replaced
 
 
 def _driver() -> Any:

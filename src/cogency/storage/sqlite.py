@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -80,7 +81,8 @@ def _m002_conversation_messages(db: sqlite3.Connection) -> None:
             tokens INTEGER NOT NULL DEFAULT 0,   -- counted once, so windowing reads no text twice
             created_at TEXT NOT NULL,
             PRIMARY KEY (conversation_id, seq)
-        ) WITHOUT ROWID;
+        );                                       -- a rowid table: WITHOUT ROWID spills rows over
+                                                 -- ~1 KB into half-empty overflow pages (2x size)
         CREATE INDEX conversations_by_user ON conversations(user_id, updated_at);
         """
     )
@@ -231,6 +233,7 @@ class SQLiteStore:
         self._db: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
+        self._windows = _Windows()
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
@@ -250,6 +253,7 @@ class SQLiteStore:
                     f"cannot create the directory for the database {self.path!r} ({exc}); "
                     "pass a writable path or set COGENCY_DB"
                 ) from exc
+        db: sqlite3.Connection | None = None
         try:
             db = sqlite3.connect(
                 str(Path(self.path).expanduser()) if self.path != ":memory:" else self.path,
@@ -262,8 +266,12 @@ class SQLiteStore:
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
             migrate(db)
-        except sqlite3.Error as exc:
-            raise _storage_error(exc, self.path) from exc
+        except BaseException as exc:
+            if db is not None:  # a failed open (locked, too new, corrupt) keeps no connection
+                db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _storage_error(exc, self.path) from exc
+            raise
         self._db = db
         return db
 
@@ -279,6 +287,11 @@ class SQLiteStore:
             return fn(db)
         except sqlite3.Error as exc:
             raise _storage_error(exc, self.path) from exc
+        except UnicodeEncodeError as exc:  # lone surrogates: no UTF-8 database can hold them
+            raise UsageError(
+                f"text with an invalid character ({exc.object[exc.start:exc.end]!r}, a lone "
+                "surrogate) cannot be stored; decode bytes with errors='replace' first"
+            ) from exc
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
         def transaction(db: sqlite3.Connection) -> T:
@@ -460,13 +473,11 @@ class SQLiteStore:
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
         def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
-            _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
-            rows = db.execute(
-                "SELECT seq, role, content, task_id, tokens, created_at FROM conversation_messages "
-                "WHERE conversation_id = ? ORDER BY seq DESC",
-                (conversation_id,),
-            )
-            return _window(rows, token_budget, limit)
+            record = _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
+            if limit is not None or token_budget is None:
+                rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (conversation_id,))
+                return _window(rows, token_budget, limit)
+            return self._windows.load(db, record, token_budget)
 
         return await self._run(work)
 
@@ -488,8 +499,14 @@ class SQLiteStore:
             ).fetchone()
             profile = Profile(user_id) if row is None else decode_profile(row[0], user_id)
             apply(profile)
-            profile.enforce_bounds()
-            _put_profile(db, profile, _time.now().isoformat())
+            try:
+                profile.enforce_bounds()
+                _put_profile(db, profile, _time.now().isoformat())
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise UsageError(
+                    f"the profile of {user_id!r} cannot be stored after this update ({exc}); "
+                    "keep each field's type (lists of strings, dicts of JSON values, strings)"
+                ) from exc
             return profile
 
         return await self._run(self._write(work))
@@ -506,6 +523,7 @@ class SQLiteStore:
             db.execute("DELETE FROM task_workspaces WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM conversations WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM user_profiles WHERE user_id = ?", (user_id,))
+            self._windows.clear()
 
         await self._run(self._write(work))
 
@@ -625,23 +643,107 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
     )
 
 
+_SELECT_MESSAGES = (
+    "SELECT seq, role, content, task_id, tokens, created_at FROM conversation_messages "
+    "WHERE conversation_id = ?"
+)
+
+
+def _message(row: tuple[Any, ...]) -> dict[str, Any]:
+    seq, role, content, task_id, tokens, created = row
+    return {"role": role, "content": content, "seq": seq, "task_id": task_id, "tokens": tokens,
+            "created_at": created}
+
+
 def _window(
     rows: Iterable[tuple[Any, ...]], token_budget: int | None, limit: int | None
 ) -> list[dict[str, Any]]:
     picked: list[dict[str, Any]] = []
     used = 0
-    for seq, role, content, task_id, tokens, created in rows:
+    for row in rows:
         if limit is not None and len(picked) >= limit:
             break
-        if token_budget is not None and used + tokens > token_budget:
+        if token_budget is not None and used + row[4] > token_budget:
             break
-        used += tokens
-        picked.append(
-            {"role": role, "content": content, "seq": seq, "task_id": task_id, "tokens": tokens,
-             "created_at": created}
-        )
+        used += row[4]
+        picked.append(_message(row))
     picked.reverse()
     return picked
+
+
+class _Windows:
+    """The newest messages of recently used conversations, so a turn reads only new rows.
+
+    Messages are append-only and numbered, so a cached window is brought up to date by
+    reading the rows after the last ``seq`` it saw: loading history costs the same at turn 10
+    and turn 100,000 however many messages fit the budget. Bounded to ``size`` conversations.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        # conversation_id -> (budget, window, tokens in window, last seq seen, its created_at)
+        self._entries: OrderedDict[str, tuple[int, list[dict[str, Any]], int, int, str]] = (
+            OrderedDict()
+        )
+
+    def load(
+        self, db: sqlite3.Connection, record: ConversationRecord, budget: int
+    ) -> list[dict[str, Any]]:
+        key = record.conversation_id
+        entry = self._entries.pop(key, None)
+        if entry is None or not self._still_valid(db, key, record, budget, entry):
+            rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,)).fetchmany(1)
+            last = rows[0] if rows else None
+            window = _window(
+                db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,)), budget, None
+            )
+            used = sum(m["tokens"] for m in window)
+            last_seq, last_stamp = (last[0], last[5]) if last else (0, "")
+        else:
+            _, window, used, last_seq, last_stamp = entry
+            if record.message_count > last_seq:
+                fresh = [
+                    _message(row)
+                    for row in db.execute(
+                        _SELECT_MESSAGES + " AND seq > ? ORDER BY seq", (key, last_seq)
+                    )
+                ]
+                if fresh:
+                    last_seq, last_stamp = fresh[-1]["seq"], fresh[-1]["created_at"]
+                window = window + fresh
+                used += sum(m["tokens"] for m in fresh)
+                drop = 0
+                while drop < len(window) and used > budget:
+                    used -= window[drop]["tokens"]
+                    drop += 1
+                window = window[drop:]
+        self._entries[key] = (budget, window, used, last_seq, last_stamp)
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return list(window)
+
+    @staticmethod
+    def _still_valid(
+        db: sqlite3.Connection,
+        key: str,
+        record: ConversationRecord,
+        budget: int,
+        entry: tuple[int, list[dict[str, Any]], int, int, str],
+    ) -> bool:
+        # Same budget, and the last message seen is still there unchanged (a conversation
+        # erased and re-created under the same id is read afresh).
+        if entry[0] != budget or record.message_count < entry[3]:
+            return False
+        if entry[3] == 0:
+            return True
+        row = db.execute(
+            "SELECT created_at FROM conversation_messages WHERE conversation_id = ? AND seq = ?",
+            (key, entry[3]),
+        ).fetchone()
+        return row is not None and row[0] == entry[4]
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _storage_error(exc: sqlite3.Error, path: str) -> StorageError:

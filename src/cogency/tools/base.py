@@ -318,7 +318,10 @@ def _check(value: Any, spec: dict[str, Any], path: str, tool_name: str) -> None:
 
 
 def _describe(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=repr) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr) if not isinstance(value, str) else repr(value)
+    except (RecursionError, ValueError):  # hostile input: nested past the recursion limit
+        text = "(nested too deeply to show)"
     kind = type(value).__name__
     return f"{kind} {text[:60]}{'…' if len(text) > 60 else ''}"
 

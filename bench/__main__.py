@@ -1,0 +1,554 @@
+"""``python -m bench``: Cogency side by side with LangGraph, Agno and the OpenAI Agents SDK.
+
+Every case runs in a fresh process (``python -m bench.peers.<framework> CASE ...``) with
+telemetry off, the same scripted replies and the same message texts; this runner collects the
+JSON lines they print and writes a Markdown table with ratios to Cogency
+(``docs/benchmarks.md``) and a plot of per-turn time against turn number
+(``docs/benchmarks-per-turn.png``). It installs nothing: a framework that is not installed is
+skipped with the command that installs it. ``--quick`` runs every case briefly (under a
+minute) and writes files only when ``--output``/``--plot`` are given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.peers._harness import RESULT_PREFIX, TELEMETRY_OFF, percentile
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMEWORKS = ("cogency", "langgraph", "agno", "openai_agents")
+LABELS = {
+    "cogency": "Cogency", "langgraph": "LangGraph", "agno": "Agno",
+    "openai_agents": "OpenAI Agents SDK",
+}
+CHECKPOINTS = (10, 100, 1000)
+INSTALL = (
+    "python -m venv /work/peers-venv && /work/peers-venv/bin/pip install -r "
+    "bench/requirements-peers.txt && /work/peers-venv/bin/pip install -e . ; then run "
+    "/work/peers-venv/bin/python -m bench"
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many times each case runs: ``(repeat, warmup)``; ``long`` is in turns."""
+
+    imports: int
+    construct: tuple[int, int]
+    construct_mem: tuple[int, int]
+    one_step: tuple[int, int]
+    tool_call: tuple[int, int]
+    durable: tuple[int, int]
+    durable_turns: int
+    long: int
+    one_process: bool
+    """Quick mode runs a framework's cases in one process to save start-up time."""
+
+
+FULL = Plan(11, (300, 30), (10, 2), (200, 20), (200, 20), (12, 2), 25, 1000, False)
+QUICK = Plan(2, (50, 5), (3, 1), (20, 3), (20, 3), (3, 1), 25, 100, True)
+
+
+# -- running the cases ---------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, **TELEMETRY_OFF}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _adapter(name: str) -> Any:
+    return importlib.import_module(f"bench.peers.{name}")
+
+
+def missing(name: str) -> list[str]:
+    """The distributions ``name`` needs that are not installed (nothing is imported)."""
+    gone = []
+    for dist in _adapter(name).DISTRIBUTIONS:
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            gone.append(dist)
+    return gone
+
+
+def versions(name: str) -> dict[str, str]:
+    return {dist: importlib.metadata.version(dist) for dist in _adapter(name).DISTRIBUTIONS}
+
+
+def run_cases(name: str, specs: list[str], turns: int, log: Any) -> list[dict[str, Any]]:
+    """Run ``specs`` in one fresh process of framework ``name``; its JSON results."""
+    command = [sys.executable, "-m", f"bench.peers.{name}", *specs, "--turns", str(turns)]
+    start = time.perf_counter()
+    done = subprocess.run(
+        command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=3600,
+        stdin=subprocess.DEVNULL,
+    )
+    results = [
+        json.loads(line[len(RESULT_PREFIX):])
+        for line in done.stdout.splitlines()
+        if line.startswith(RESULT_PREFIX)
+    ]
+    if done.returncode != 0 or len(results) != len(specs):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
+        raise RuntimeError(
+            f"{name} {' '.join(specs)} failed (exit {done.returncode}):\n" + "\n".join(tail)
+        )
+    log(f"  {name:<14} {' '.join(specs):<40} {time.perf_counter() - start:6.1f} s")
+    return results
+
+
+def measure_imports(
+    names: list[str], repeat: int, log: Any, warm: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Cold import of each framework's benchmark surface in a fresh interpreter, minus a bare
+    interpreter's start-up; runs interleaved so load spikes hit every framework alike."""
+    programs = {name: _adapter(name).IMPORTS for name in names}
+    programs["python"] = "pass"
+    samples: dict[str, list[float]] = {key: [] for key in programs}
+    env = _env()
+    first = 0 if warm else 1  # round 0 warms the file cache and bytecode
+    for round_ in range(first, repeat + 1):
+        for key, program in programs.items():
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, check=True,
+                           stdin=subprocess.DEVNULL)
+            if round_:
+                samples[key].append(time.perf_counter() - start)
+    base = statistics.median(samples.pop("python"))
+    log(f"  bare interpreter start-up: {base * 1000:.1f} ms (subtracted)")
+    out = {}
+    for key, values in samples.items():
+        net = [v - base for v in values]
+        out[key] = {"samples": net, "median": statistics.median(net), "p95": percentile(net, 95),
+                    "unit": "s", "baseline": base}
+    return out
+
+
+def run_all(names: list[str], plan: Plan, log: Any) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {name: {} for name in names}
+    log(f"cold import ({plan.imports} runs each, interleaved)")
+    for name, value in measure_imports(names, plan.imports, log, not plan.one_process).items():
+        results[name]["import"] = value
+    specs = {
+        "construct": "construct:%d:%d" % plan.construct,
+        "construct_mem": "construct_mem:%d:%d" % plan.construct_mem,
+        "one_step": "one_step:%d:%d" % plan.one_step,
+        "tool_call": "tool_call:%d:%d" % plan.tool_call,
+        "durable": "durable:%d:%d" % plan.durable,
+        "long": f"long:{plan.long}",
+    }
+    if plan.one_process:
+        log("cases (one process per framework)")
+        for name in names:
+            for result in run_cases(name, list(specs.values()), plan.durable_turns, log):
+                results[name][result["case"]] = result
+        return results
+    for case, spec in specs.items():
+        log(f"case {case} (a fresh process per framework)")
+        for name in names:
+            (result,) = run_cases(name, [spec], plan.durable_turns, log)
+            results[name][case] = result
+    return results
+
+
+# -- summarising ---------------------------------------------------------------------------
+
+
+def window(per_turn: list[float], turn: int) -> list[float] | None:
+    """The 10 turns around ``turn`` (turn-4 .. turn+5, kept inside the conversation)."""
+    if turn > len(per_turn):
+        return None
+    high = min(len(per_turn), turn + 5)
+    low = max(1, high - 9)
+    return per_turn[low - 1:high]
+
+
+def summarise(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per framework: metric name -> (median, p95) in display units."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, cases in results.items():
+        row: dict[str, Any] = {}
+        if "import" in cases:
+            row["import_ms"] = _pair(cases["import"], 1e3)
+        if "construct" in cases:
+            row["construct_us"] = _pair(cases["construct"], 1e6)
+        if "construct_mem" in cases:
+            row["construct_kib"] = _pair(cases["construct_mem"], 1 / 1024)
+        for case in ("one_step", "tool_call", "durable"):
+            if case in cases:
+                row[f"{case}_ms"] = _pair(cases[case], 1e3)
+        long = cases.get("long")
+        if long:
+            for turn in CHECKPOINTS:
+                values = window(long["per_turn"], turn)
+                if values:
+                    row[f"turn{turn}_ms"] = (statistics.median(values) * 1e3,
+                                             percentile(values, 95) * 1e3)
+            first, last = row.get("turn10_ms"), row.get(f"turn{_last_checkpoint(long)}_ms")
+            if first and last:
+                row["growth"] = (last[0] / first[0], None)
+            row["db_mib"] = (long["db_bytes"] / 2**20, None)
+            row["db_ratio"] = (long["db_ratio"], None)
+            row["long_turns"] = long["turns"]
+        table[name] = row
+    return table
+
+
+def _pair(result: dict[str, Any], scale: float) -> tuple[float, float]:
+    return result["median"] * scale, result["p95"] * scale
+
+
+def _last_checkpoint(long: dict[str, Any]) -> int:
+    return max(t for t in CHECKPOINTS if t <= long["turns"])
+
+
+METRICS = (
+    ("import_ms", "Cold import (ms, minus bare interpreter)"),
+    ("construct_us", "Construct an agent with one tool (µs)"),
+    ("construct_kib", "Peak memory to construct it (KiB, tracemalloc)"),
+    ("one_step_ms", "One-step run (ms)"),
+    ("tool_call_ms", "Tool-call run: tool runs, 2 model calls (ms)"),
+    ("durable_ms", "Durable 25-turn conversation on a fresh SQLite file, per turn (ms)"),
+    ("turn10_ms", "Per-turn time at turn 10 (ms)"),
+    ("turn100_ms", "Per-turn time at turn 100 (ms)"),
+    ("turn1000_ms", "Per-turn time at turn 1,000 (ms)"),
+    ("growth", "Per-turn growth, last checkpoint ÷ turn 10 (×)"),
+    ("db_mib", "Database size after the long conversation (MiB)"),
+    ("db_ratio", "Database size ÷ raw message text (×)"),
+)
+
+
+def _fmt(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def markdown_table(table: dict[str, dict[str, Any]]) -> str:
+    names = list(table)
+    lines = [
+        "| case | " + " | ".join(LABELS[n] for n in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    base = table.get("cogency", {})
+    for key, label in METRICS:
+        if not any(key in table[n] for n in names):
+            continue
+        cells = []
+        for name in names:
+            cell = table[name].get(key)
+            if cell is None:
+                cells.append("–")
+                continue
+            median, p95 = cell
+            text = _fmt(median) + (f" (p95 {_fmt(p95)})" if p95 is not None else "")
+            if name != "cogency" and key in base and base[key][0] > 0:
+                text += f" · **{median / base[key][0]:.2f}×**"
+            cells.append(text)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goals(table: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
+    """Each goal of the issue: (goal, where Cogency stands, met?)."""
+    cog = table.get("cogency", {})
+    peers = {n: r for n, r in table.items() if n != "cogency"}
+    out: list[tuple[str, str, bool | None]] = []
+
+    def fastest(key: str) -> tuple[str, float] | None:
+        values = [(n, r[key][0]) for n, r in peers.items() if key in r]
+        return min(values, key=lambda item: item[1]) if values else None
+
+    best = fastest("durable_ms")
+    if best and "durable_ms" in cog:
+        mine = cog["durable_ms"][0]
+        out.append((
+            "Durable per-turn time ≤ 1/3 of the fastest peer's",
+            f"Cogency {_fmt(mine)} ms; fastest peer {LABELS[best[0]]} {_fmt(best[1])} ms "
+            f"(Cogency = {mine / best[1]:.2f}× of it)",
+            mine <= best[1] / 3,
+        ))
+    if "growth" in cog:
+        growth = ", ".join(f"{LABELS[n]} {r['growth'][0]:.2f}×" for n, r in peers.items()
+                           if "growth" in r)
+        last = cog.get("long_turns", 0)
+        out.append((
+            "Per-turn time flat: turn 1,000 ≤ 1.3 × turn 10",
+            f"Cogency {cog['growth'][0]:.2f}× (turn {min(last, 1000)} ÷ turn 10)"
+            + (f"; peers: {growth}" if growth else ""),
+            cog["growth"][0] <= 1.3 if last >= 1000 else None,
+        ))
+    if "db_ratio" in cog:
+        out.append((
+            "Database size ≤ 2 × the raw text",
+            f"Cogency {cog['db_ratio'][0]:.2f}× after {cog.get('long_turns')} turns",
+            cog["db_ratio"][0] <= 2,
+        ))
+    for key, what in (("construct_us", "time"), ("construct_kib", "peak memory")):
+        best = fastest(key)
+        if best and key in cog:
+            unit = "µs" if key == "construct_us" else "KiB"
+            out.append((
+                f"Construction {what} ≤ the best peer's",
+                f"Cogency {_fmt(cog[key][0])} {unit}; best peer {LABELS[best[0]]} "
+                f"{_fmt(best[1])} {unit}",
+                cog[key][0] <= best[1],
+            ))
+    best = fastest("import_ms")
+    if best and "import_ms" in cog:
+        out.append((
+            "Cold import faster than every peer",
+            f"Cogency {_fmt(cog['import_ms'][0])} ms; fastest peer {LABELS[best[0]]} "
+            f"{_fmt(best[1])} ms",
+            cog["import_ms"][0] < best[1],
+        ))
+    return out
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        load = "n/a"
+    return {
+        "cpu": f"{cpu}, {os.cpu_count()} logical cores",
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "load": load,
+    }
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> bool:
+    """Per-turn time against turn number, one line per framework (rolling median of 9)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"cogency": "#d62728", "langgraph": "#1f77b4", "agno": "#2ca02c",
+               "openai_agents": "#9467bd"}
+    fig, ax = plt.subplots(figsize=(9, 5.2), dpi=120)
+    for name, cases in results.items():
+        long = cases.get("long")
+        if not long:
+            continue
+        per_turn = [t * 1e3 for t in long["per_turn"]]
+        smooth = [statistics.median(per_turn[max(0, i - 4):i + 5]) for i in range(len(per_turn))]
+        turns = range(1, len(per_turn) + 1)
+        ax.plot(turns, per_turn, color=colours.get(name), alpha=0.15, linewidth=0.6)
+        ax.plot(turns, smooth, color=colours.get(name), linewidth=2.2 if name == "cogency" else 1.6,
+                label=LABELS[name])
+    ax.set_yscale("log")
+    ax.set_xlabel("turn of one durable SQLite conversation")
+    ax.set_ylabel("time per turn (ms, log scale)")
+    ax.set_title("Per-turn time as the conversation grows (scripted model, same texts)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def document(
+    results: dict[str, dict[str, Any]], plan: Plan, info: dict[str, Any], plot_name: str | None
+) -> str:
+    table = summarise(results)
+    names = list(results)
+    goal_lines = "\n".join(
+        f"| {goal} | {where} | {'met' if ok else 'open (not measured)' if ok is None else 'missed'} |"
+        for goal, where, ok in goals(table)
+    )
+    version_lines = "\n".join(
+        f"- {LABELS[n]}: " + ", ".join(f"`{d}=={v}`" for d, v in info["versions"][n].items())
+        for n in names
+    )
+    skipped = "".join(f"\n- {LABELS[n]}: not installed ({why})" for n, why in info["skipped"].items())
+    picture = (
+        f"\n![Per-turn time against turn number]({plot_name})\n\n"
+        "Thin lines: every turn; thick lines: rolling median of 9 turns.\n"
+        if plot_name else ""
+    )
+    m = info["machine"]
+    return f"""# Benchmarks: Cogency, LangGraph, Agno and the OpenAI Agents SDK
+
+Measured on {info['date']} with `python -m bench{' --quick' if plan.one_process else ''}`,
+all frameworks on the same machine in the same run, each with a scripted model at its own
+model boundary (no network, replies built instantly, nothing copied). Cells: median (p95);
+**bold** is the ratio to Cogency (above 1× means Cogency is faster or smaller).
+
+{markdown_table(table)}
+{picture}
+## Goals
+
+| goal | where Cogency stands | |
+|---|---|---|
+{goal_lines}
+
+## Method
+
+- **Fresh process per case** (`python -m bench.peers.<framework> CASE`), started by the
+  runner, which collects one JSON line per case. Warm-ups first (the first run of a process
+  pays lazy imports and, for Cogency, loading the tokenizer), then medians and p95 over the
+  repeats: construction {plan.construct[0]}×, memory {plan.construct_mem[0]}×, one-step
+  {plan.one_step[0]}×, tool call {plan.tool_call[0]}×, 25-turn conversations
+  {plan.durable[0]}× (one fresh database file each), one long conversation of {plan.long} turns.
+- **Telemetry off** in every process: `AGNO_TELEMETRY=false` and `telemetry=False`,
+  `OPENAI_AGENTS_DISABLE_TRACING=1` with `set_tracing_disabled(True)` and
+  `RunConfig(tracing_disabled=True)`, `LANGCHAIN_TRACING_V2=false`, `LANGSMITH_TRACING=false`.
+- **Fake models** at each framework's boundary, reading one shared script: LangGraph a
+  `BaseChatModel` subclass returning `AIMessage` (with `tool_calls` or final content) inside a
+  hand-built ReAct graph (`StateGraph(MessagesState)`, `ToolNode`, `tools_condition`); Agno a
+  `Model` subclass whose `ainvoke` returns a `ModelResponse`; the OpenAI Agents SDK a `Model`
+  whose `get_response` returns a `ModelResponse` with one `ResponseOutputMessage` or
+  `ResponseFunctionToolCall`; Cogency `ScriptedLLM` over an endless iterator of one callable.
+- **The same tool** (`async def lookup(key)`) wrapped by each framework's own decorator, and
+  the same message texts: user messages of about 160 characters, answers of about 480.
+- **Correctness inside every iteration**: the answer is the scripted one; a tool-call run
+  must run the tool exactly once with the scripted key; each durable turn must show the model
+  the history (at least min(2·turn−1, 7) conversation messages) and add rows to the database
+  (read with a separate plain sqlite3 connection after the timed part).
+- **Durable storage**, a fresh file each, WAL for every framework and `synchronous=NORMAL`
+  for every framework (Cogency's setting; Agno and the OpenAI SDK leave SQLite's FULL, which
+  fsyncs every commit, so it is set on their connections to compare the frameworks rather
+  than the disk): LangGraph `AsyncSqliteSaver` with a `thread_id`; Agno `AsyncSqliteDb` with
+  a `session_id` and `add_history_to_context=True`; OpenAI Agents `SQLiteSession`; Cogency
+  `SQLiteStore` with a `conversation_id`. All through each framework's async API.
+- **History windows are each framework's default**: LangGraph and the OpenAI SDK send the
+  whole conversation every turn; Agno the last 3 runs; Cogency the newest messages within
+  8,000 tokens (`history_tokens`), while every message stays in its database.
+- **Durable 25-turn conversation**: opening the agent and its database (schema creation
+  included), 25 turns and closing, divided by 25; a fresh file each time.
+- **Per-turn time at turn N**: median (p95) of the 10 turns around N of one conversation.
+  **Database size**: the file plus any WAL left, after the conversation is closed, divided
+  by the UTF-8 size of all user messages and answers.
+- **Cold import**: `python -c "<the imports the benchmark uses>"` in a fresh interpreter,
+  {plan.imports} runs per framework interleaved with the others, median minus the median of
+  `python -c pass`.
+- **Construction**: the agent, its model object and its one tool, without storage;
+  memory is the tracemalloc peak of building one more agent after a warm-up build.
+
+## Machine and versions
+
+- {m['cpu']}; {m['os']}; Python {m['python']}; SQLite {m['sqlite']}
+- Load average at start {info['load_start']}, at end {info['load_end']}: the machine is
+  shared, so absolute times are noisy; ratios measured in the same run are the figures to
+  compare.
+{version_lines}{skipped}
+
+## Reproduce
+
+```bash
+python -m venv /work/peers-venv
+/work/peers-venv/bin/pip install -r bench/requirements-peers.txt
+/work/peers-venv/bin/pip install -e .
+/work/peers-venv/bin/python -m bench            # full run: writes this file and the plot
+/work/peers-venv/bin/python -m bench --quick    # under a minute, prints the table only
+```
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short runs, under a minute")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                        help="comma-separated, from: " + ", ".join(FRAMEWORKS))
+    parser.add_argument("--output", type=Path, help="Markdown file (full run: docs/benchmarks.md)")
+    parser.add_argument("--plot", type=Path,
+                        help="PNG file (full run: docs/benchmarks-per-turn.png)")
+    parser.add_argument("--json", type=Path, help="also save the raw results here")
+    parser.add_argument("--long-turns", type=int, help="length of the long conversation")
+    args = parser.parse_args(argv)
+
+    plan = QUICK if args.quick else FULL
+    if args.long_turns:
+        plan = Plan(**{**plan.__dict__, "long": args.long_turns})
+    output = args.output or (None if args.quick else ROOT / "docs" / "benchmarks.md")
+    picture = args.plot or (None if args.quick else ROOT / "docs" / "benchmarks-per-turn.png")
+    wanted = [n.strip() for n in args.frameworks.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in FRAMEWORKS]
+    if unknown:
+        parser.error(f"unknown framework(s) {', '.join(unknown)}; choose from {FRAMEWORKS}")
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    names, skipped = [], {}
+    for name in wanted:
+        gone = missing(name)
+        if gone:
+            skipped[name] = "missing " + ", ".join(gone)
+            log(f"{LABELS[name]} skipped: {', '.join(gone)} not installed. To install the peers: "
+                f"{INSTALL}")
+        else:
+            names.append(name)
+    if "cogency" not in names:
+        parser.error("Cogency itself is not importable here; pip install -e . first")
+
+    info: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(), "load_start": machine()["load"], "skipped": skipped,
+        "versions": {n: versions(n) for n in names},
+    }
+    started = time.perf_counter()
+    results = run_all(names, plan, log)
+    info["load_end"] = machine()["load"]
+    log(f"done in {time.perf_counter() - started:.0f} s")
+
+    plot_name = None
+    if picture is not None:
+        if plot(results, picture):
+            plot_name = os.path.relpath(picture, (output or ROOT / "docs").parent)
+            log(f"wrote {picture}")
+        else:
+            log("matplotlib is not installed: no plot (it is in bench/requirements-peers.txt)")
+    text = document(results, plan, info, plot_name)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        log(f"wrote {output}")
+    else:
+        print(markdown_table(summarise(results)))
+        for goal, where, ok in goals(summarise(results)):
+            print(f"- {goal}: {where} [{'met' if ok else 'missed' if ok is False else 'n/a'}]")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"info": info, "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

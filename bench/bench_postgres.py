@@ -1,0 +1,211 @@
+"""PostgreSQL: how task throughput scales with worker processes, and what a turn costs.
+
+1. Tasks per second with 1, 2 and 4 worker processes on one PostgreSQL database. Each task is
+   one tool call and an answer from a ScriptedLLM with 20 ms latency per call, on a few shared
+   conversations of a few users (rows contend as in a real service); each worker runs 4 tasks
+   at a time. Workers connect and warm up first, then start together; throughput is all
+   tasks over the span from the first start to the last end. Reported: median over runs and
+   the scaling ratio against one worker.
+2. The per-turn cost of a durable conversation on PostgreSQL next to SQLite, in this process,
+   with the same workload: a conversation of many turns (each a task with a direct answer from
+   an instant model), backends alternated turn by turn; medians of early and late turns and
+   the PostgreSQL/SQLite ratio.
+
+The machine has 2 cores shared with other work: absolute figures are noisy; ratios measured
+in one run are the figures to compare.
+
+    python -m bench.bench_postgres            # full
+    python -m bench.bench_postgres --quick    # a short run
+    COGENCY_BENCH_PG=postgresql://user@host:5432/postgres  # the server (default: local)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from cogency import Agent, tool
+from cogency.storage import PostgresStore, SQLiteStore
+from cogency.testing import ScriptedLLM
+
+ADMIN_DSN = os.environ.get("COGENCY_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+LATENCY = 0.02
+CONCURRENCY = 4
+USERS = 4
+
+
+@tool
+def note(marker: str) -> str:
+    """Note a marker."""
+    return f"noted {marker}"
+
+
+def _script(marker: str) -> list[dict]:
+    return [
+        {"secure": True, "response": None,
+         "actions": [{"name": "note", "args": {"marker": marker}}]},
+        {"response": f"done {marker}", "actions": []},
+    ]
+
+
+# -- databases ------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def fresh_database() -> AsyncIterator[str]:
+    import asyncpg
+
+    name = f"cogency_bench_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    parts = urlsplit(ADMIN_DSN)
+    try:
+        yield urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+    finally:
+        admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+# -- part 1: worker processes ----------------------------------------------------------------
+
+
+async def worker(dsn: str, worker_id: int, tasks: int) -> None:
+    """One worker process: warm up, say ready, wait for go, run ``tasks``, report times."""
+    store = PostgresStore(dsn, max_size=CONCURRENCY + 1)
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(index: int) -> None:
+        marker = f"w{worker_id}t{index}"
+        user = f"u{index % USERS}"
+        async with gate:
+            agent = Agent(llm=ScriptedLLM(_script(marker), delay=LATENCY), tools=[note],
+                          store=store)
+            result = await agent.run(f"task {marker}", user, f"conv-{user}")
+            assert result.stop_reason == "completed", result
+
+    await one(-1)  # connect, migrate check, warm caches
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start = time.time()
+    await asyncio.gather(*(one(i) for i in range(tasks)))
+    end = time.time()
+    await store.close()
+    print(json.dumps({"start": start, "end": end, "tasks": tasks}), flush=True)
+
+
+def run_workers(dsn: str, processes: int, tasks: int) -> float:
+    """Tasks per second of ``processes`` workers started together."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.bench_postgres", "--worker", dsn, str(n), str(tasks)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        for n in range(processes)
+    ]
+    for child in children:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    reports = []
+    for child in children:
+        out, _ = child.communicate(timeout=600)
+        if child.returncode != 0:
+            raise SystemExit(f"a worker failed (exit {child.returncode})")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    span = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    return sum(r["tasks"] for r in reports) / span
+
+
+async def throughput(tasks: int, runs: int) -> dict[int, float]:
+    results: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    for _ in range(runs):
+        for processes in results:  # interleaved, so load changes hit every count alike
+            async with fresh_database() as dsn:
+                rate = await asyncio.to_thread(run_workers, dsn, processes, tasks)
+            results[processes].append(rate)
+    return {p: statistics.median(rates) for p, rates in results.items()}
+
+
+# -- part 2: per-turn cost -------------------------------------------------------------------
+
+
+async def per_turn(turns: int) -> dict[str, dict[str, float]]:
+    """Per-turn milliseconds of one long conversation on each backend, alternated."""
+    with tempfile.TemporaryDirectory() as tmp:
+        async with fresh_database() as dsn:
+            stores = {"postgres": PostgresStore(dsn), "sqlite": SQLiteStore(Path(tmp) / "b.db")}
+            times: dict[str, list[float]] = {name: [] for name in stores}
+            conversation: dict[str, str | None] = {name: None for name in stores}
+            try:
+                for turn in range(turns + 1):
+                    for name, store in stores.items():
+                        agent = Agent(
+                            llm=ScriptedLLM([{"secure": True, "response": f"answer {turn}",
+                                              "actions": []}]),
+                            store=store,
+                        )
+                        began = time.perf_counter()
+                        result = await agent.run(f"turn {turn}", "alice", conversation[name])
+                        elapsed = time.perf_counter() - began
+                        conversation[name] = result.conversation_id
+                        if turn:  # turn 0 opens the store
+                            times[name].append(elapsed * 1000)
+            finally:
+                for store in stores.values():
+                    await store.close()
+    fifth = max(1, turns // 5)
+    return {
+        name: {
+            "median": statistics.median(values),
+            "early": statistics.median(values[:fifth]),
+            "late": statistics.median(values[-fifth:]),
+        }
+        for name, values in times.items()
+    }
+
+
+async def main(quick: bool) -> None:
+    tasks, runs, turns = (20, 1, 60) if quick else (60, 3, 300)
+    print(f"PostgreSQL benchmark ({'quick' if quick else 'full'}): {os.cpu_count()} cores, "
+          "shared and busy: absolute figures are noisy, compare the ratios")
+    rates = await throughput(tasks, runs)
+    print(f"\n1. throughput: {tasks} tasks per worker, {CONCURRENCY} at a time, ScriptedLLM "
+          f"{LATENCY * 1000:.0f} ms per call, median of {runs} run(s)")
+    for processes, rate in rates.items():
+        print(f"   {processes} worker(s): {rate:7.1f} tasks/s   scaling x{rate / rates[1]:.2f}")
+    costs = await per_turn(turns)
+    print(f"\n2. per-turn cost of one durable conversation ({turns} turns, instant model)")
+    for name, figures in costs.items():
+        print(f"   {name:8s}: median {figures['median']:6.2f} ms   early {figures['early']:6.2f}"
+              f" ms   late {figures['late']:6.2f} ms")
+    pg, lite = costs["postgres"], costs["sqlite"]
+    print(f"   postgres/sqlite: x{pg['median'] / lite['median']:.2f} (median), "
+          f"late/early on postgres: x{pg['late'] / pg['early']:.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument("--worker", nargs=3, metavar=("DSN", "ID", "TASKS"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        asyncio.run(worker(args.worker[0], int(args.worker[1]), int(args.worker[2])))
+    else:
+        asyncio.run(main(args.quick))

@@ -1,0 +1,113 @@
+"""The benchmark harness itself: `python -m bench --quick` on Cogency's own cases (the peers
+are not installed in CI), and the per-iteration assertions that keep every figure honest."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import __main__ as runner  # noqa: E402
+from bench.peers import _harness  # noqa: E402
+from bench.peers import cogency as cogency_adapter  # noqa: E402
+
+
+def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> None:
+    doc, raw = tmp_path / "bench.md", tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--frameworks", "cogency", "--long-turns", "40",
+         "--output", str(doc), "--plot", str(tmp_path / "plot.png"), "--json", str(raw)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(raw.read_text())
+    results = data["results"]["cogency"]
+    assert set(results) == {"import", "construct", "construct_mem", "one_step", "tool_call",
+                            "durable", "long"}
+    assert len(results["one_step"]["samples"]) == 20
+    assert len(results["tool_call"]["samples"]) == 20
+    assert all(s > 0 for s in results["tool_call"]["samples"])
+    assert results["durable"]["turns"] == 25 and len(results["durable"]["samples"]) == 3
+    long = results["long"]
+    assert long["turns"] == 40 and len(long["per_turn"]) == 40
+    # Every turn stored the user message and the answer as rows, and nothing else.
+    assert long["rows"] == 80
+    assert long["raw_bytes"] == _harness.raw_text_bytes(40)
+    assert long["db_bytes"] > long["raw_bytes"]  # the text really is in the file
+    assert results["construct_mem"]["median"] > 0
+    assert data["info"]["versions"]["cogency"]["cogency"]
+
+    text = doc.read_text()
+    assert "| Construct an agent with one tool (µs) |" in text
+    assert "| Per-turn time at turn 10 (ms) |" in text
+    assert "## Goals" in text and "Cold import faster than every peer" not in text  # no peers
+    assert "Database size ≤ 2 × the raw text" in text
+    median_ms = f"{results['one_step']['median'] * 1e3:.2f}"
+    assert median_ms in text or f"{results['one_step']['median'] * 1e3:.1f}" in text
+
+
+def test_runner_names_missing_peers_and_how_to_install_them() -> None:
+    for name in ("langgraph", "agno", "openai_agents"):
+        adapter = runner._adapter(name)
+        expected = []
+        for dist in adapter.DISTRIBUTIONS:
+            try:
+                importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                expected.append(dist)
+        assert runner.missing(name) == expected
+    assert "pip install -r bench/requirements-peers.txt" in runner.INSTALL
+    pins = (ROOT / "bench" / "requirements-peers.txt").read_text().split()
+    for dist in ("langgraph", "langgraph-checkpoint-sqlite", "agno", "sqlalchemy", "greenlet",
+                 "openai-agents", "matplotlib"):
+        assert any(p.startswith(f"{dist}==") for p in pins), dist
+
+
+class _Liar:
+    """A Cogency session that answers without running its tool or keeping the conversation."""
+
+    def __init__(self, script: _harness.Script) -> None:
+        self.script = script
+
+    async def turn(self, text: str) -> str:
+        item = self.script.plan[-1]
+        self.script.next(1)
+        return item[1]
+
+    async def close(self) -> None:
+        pass
+
+    def stored(self, db: sqlite3.Connection) -> int:
+        return 0
+
+
+class _LiarAdapter:
+    NAME = "liar"
+
+    @staticmethod
+    async def open_session(script: _harness.Script, db_path: str | None) -> Any:
+        return _Liar(script)
+
+
+def test_a_tool_call_run_that_skips_the_tool_fails() -> None:
+    with pytest.raises(AssertionError, match="the tool did not run"):
+        _harness.run_case(_LiarAdapter, "tool_call", 2, 0, 0)  # type: ignore[arg-type]
+
+
+def test_a_durable_conversation_that_stores_nothing_fails() -> None:
+    with pytest.raises(AssertionError, match="turn 1: no new row"):
+        _harness.run_case(_LiarAdapter, "durable", 1, 0, 3)  # type: ignore[arg-type]
+
+
+def test_cogency_durable_turns_grow_history_and_rows() -> None:
+    result = _harness.run_case(cogency_adapter, "long", 0, 0, 12)  # type: ignore[arg-type]
+    assert result["rows"] == 24 and len(result["per_turn"]) == 12
