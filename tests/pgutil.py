@@ -32,7 +32,12 @@ def dsn_for(database: str) -> str:
 
 async def admin_connect() -> Any:
     """A plain asyncpg connection to the server's maintenance database, or a skip outside CI."""
-    import asyncpg
+    try:
+        import asyncpg
+    except ImportError:
+        if IN_CI:
+            raise
+        pytest.skip("asyncpg is not installed (pip install -e '.[test]'); under CI=true this fails")
 
     try:
         return await asyncpg.connect(ADMIN_DSN, timeout=5)

@@ -36,6 +36,15 @@ async def pg() -> AsyncIterator[PostgresStore]:
         yield store
 
 
+@pytest.fixture
+async def observer(pg: PostgresStore) -> AsyncIterator[Any]:
+    """A plain connection to the store's database, outside the store."""
+    await pg.list_tasks()  # creates the schema
+    connection = await pgutil.connect(pg.dsn)
+    yield connection
+    await connection.close()
+
+
 async def messages(store: PostgresStore, conversation_id: str) -> list[tuple[int, str, str]]:
     rows = await pgutil.raw_rows(store)(
         "SELECT seq, role, content FROM conversation_messages WHERE conversation_id = ? "
@@ -45,7 +54,7 @@ async def messages(store: PostgresStore, conversation_id: str) -> list[tuple[int
     return [(seq, role, content) for seq, role, content in rows]
 
 
-async def test_run_with_a_tool_stores_the_conversation_and_drops_the_workspace(pg):
+async def test_run_with_a_tool_stores_the_conversation_and_drops_the_workspace(pg, observer):
     llm = ScriptedLLM([
         reply(actions=[call("lookup", key="k1")], secure=True, objective="find k1"),
         reply("k1 is value of k1"),
@@ -67,7 +76,7 @@ async def test_run_with_a_tool_stores_the_conversation_and_drops_the_workspace(p
     assert await raw("SELECT user_id, message_count FROM conversations") == [("ada", 4)]
     assert await raw("SELECT task_id FROM task_workspaces") == []
     assert [r[0] for r in await raw("SELECT user_id FROM user_profiles")] == ["ada"]
-    assert await pgutil.advisory_locks(await _observer(pg)) == 0  # the completed run let go
+    assert await pgutil.advisory_locks(observer) == 0  # the completed run let go
 
     # The next task of the conversation sees the history.
     llm2 = ScriptedLLM([reply("you asked about k1")])
@@ -76,22 +85,6 @@ async def test_run_with_a_tool_stores_the_conversation_and_drops_the_workspace(p
     chat = [m["content"] for m in llm2.calls[0][1:]]
     assert chat[0] == "what is k1?" and chat[-1] == "what did I ask?"
     assert len(await messages(pg, result.conversation_id)) == 6
-
-
-async def _observer(store: PostgresStore) -> Any:
-    connection = await pgutil.connect(store.dsn)
-    _OBSERVERS.append(connection)
-    return connection
-
-
-_OBSERVERS: list[Any] = []
-
-
-@pytest.fixture(autouse=True)
-async def _close_observers() -> AsyncIterator[None]:
-    yield
-    while _OBSERVERS:
-        await _OBSERVERS.pop().close()
 
 
 async def test_an_unfinished_task_is_resumed_by_another_store(pg):
@@ -121,7 +114,7 @@ async def test_an_unfinished_task_is_resumed_by_another_store(pg):
     assert [c for _, r, c in stored if r == "user"] == ["find a"]  # the query, once
 
 
-async def test_a_second_resume_of_a_running_task_is_refused(pg):
+async def test_a_second_resume_of_a_running_task_is_refused(pg, observer):
     stopped = await Agent(
         llm=ScriptedLLM([reply(actions=[call("lookup", key="x")])]), tools=[lookup], store=pg,
         max_iterations=1,
@@ -151,7 +144,7 @@ async def test_a_second_resume_of_a_running_task_is_refused(pg):
         result = await running
         assert (result.response, result.stop_reason) == ("finished", "completed")
         assert await pgutil.raw_rows(pg)("SELECT task_id FROM task_workspaces") == []
-        assert await pgutil.advisory_locks(await _observer(pg)) == 0
+        assert await pgutil.advisory_locks(observer) == 0
     finally:
         release.set()
         await other.close()

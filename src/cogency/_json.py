@@ -14,7 +14,13 @@ def _default(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_default)
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_default)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates cannot be stored as UTF-8; escaped, they read back exactly.
+        text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=_default)
+    return text
 
 
 loads = json.loads

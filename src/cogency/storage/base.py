@@ -121,7 +121,7 @@ def decode(text: str, table: str, key: str, column: str) -> dict[str, Any]:
     """Parse a stored JSON object, naming the row when it is corrupt (every column holds one)."""
     try:
         data = loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise CorruptDataError(
             f"{table} row {key!r} holds invalid JSON in {column} ({exc}); "
             "restore it from a backup or delete the row"

@@ -531,81 +531,82 @@ class PostgresStore:
             self._lease_db = None
             self._leases.clear()
 
-    async def _on_lease_connection(self, operation: str, sql: str, *args: Any) -> Any:
-        assert self._lease_lock is not None
-        async with self._lease_lock:  # one statement at a time on the one session
-            db = await self._lease_connection()
-            try:
-                return await db.fetchval(sql, *args)
-            except Exception as exc:
-                raise self._error(exc, operation) from exc
-
     async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
         await self._ready()
-        holder = self._leases.get(task_id)
-        if holder == runner:
-            return
-        got = False
-        if holder is None:
-            # One round trip: only a task of this user is locked (another user's running task
-            # must look "not found", not "running").
-            got = await self._on_lease_connection(
-                "claiming a task",
-                "SELECT CASE WHEN EXISTS (SELECT 1 FROM task_workspaces WHERE task_id = $2 "
-                "AND user_id = $3) THEN pg_try_advisory_lock($1) END",
-                _lease_key(task_id), task_id, user_id,
-            )
-            if got is None:
-                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-            if got and task_id in self._leases:  # claimed meanwhile by this store (reentrant lock)
-                await self._unlock(task_id)
-                got = False
-        if not got:
-            raise TaskRunningError(
-                f"task {task_id!r} is running in another process or agent; "
-                "wait for it to stop, then resume it"
-            )
-        self._leases[task_id] = runner
-        try:
-            found = await self._use(
-                "claiming a task",
-                lambda db: db.fetchval(
-                    "UPDATE task_workspaces SET runner = $1 WHERE task_id = $2 AND user_id = $3 "
-                    "RETURNING 1",
-                    runner, task_id, user_id,
-                ),
-                write=False, transaction=False,  # repeating it changes nothing
-            )
-            if not found:
-                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-        except BaseException:
-            await self._give_up(task_id)
-            raise
+        assert self._lease_lock is not None
+        async with self._lease_lock:  # also orders claims of one task within this store
+            holder = self._leases.get(task_id)
+            if holder == runner:
+                return
+            got = None
+            if holder is None:
+                db = await self._lease_connection()
+                try:
+                    # One round trip: lock only a task of this user (another user's running
+                    # task must look "not found", not "running"), and mark the runner.
+                    got = await db.fetchval(
+                        "WITH task AS (SELECT 1 FROM task_workspaces WHERE task_id = $2 "
+                        "AND user_id = $3), lease AS (SELECT pg_try_advisory_lock($1) AS got "
+                        "FROM task), mark AS (UPDATE task_workspaces SET runner = $4 "
+                        "WHERE task_id = $2 AND (SELECT got FROM lease) RETURNING 1) "
+                        "SELECT got FROM lease LEFT JOIN (SELECT count(*) FROM mark) m ON true",
+                        _lease_key(task_id), task_id, user_id, runner,
+                    )
+                except Exception as exc:
+                    raise self._error(exc, "claiming a task") from exc
+                if got is None:
+                    raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+            if not got:
+                raise TaskRunningError(
+                    f"task {task_id!r} is running in another process or agent; "
+                    "wait for it to stop, then resume it"
+                )
+            self._leases[task_id] = runner
 
     async def release_task(self, task_id: str, runner: str) -> None:
-        try:
-            await self._use(
-                "releasing a task",
-                lambda db: db.execute(
-                    "UPDATE task_workspaces SET runner = NULL WHERE task_id = $1 AND runner = $2",
-                    task_id, runner,
-                ),
-                write=False, transaction=False,
-            )
-        finally:
-            if self._leases.get(task_id) == runner:
-                await self._give_up(task_id)
+        await self._ready()
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            held = self._leases.get(task_id) == runner
+            if held:
+                del self._leases[task_id]
+            if not held or self._lease_db is None or self._lease_db.is_closed():
+                # No lock of ours to drop (or its session is gone, and the lock with it):
+                # only clear the runner shown to people.
+                await self._use(
+                    "releasing a task",
+                    lambda db: db.execute(
+                        "UPDATE task_workspaces SET runner = NULL WHERE task_id = $1 "
+                        "AND runner = $2",
+                        task_id, runner,
+                    ),
+                    write=False, transaction=False,
+                )
+                return
+            try:
+                await self._lease_db.fetchval(
+                    "WITH mark AS (UPDATE task_workspaces SET runner = NULL WHERE task_id = $2 "
+                    "AND runner = $3 RETURNING 1) "
+                    "SELECT pg_advisory_unlock($1) FROM (SELECT count(*) FROM mark) m",
+                    _lease_key(task_id), task_id, runner,
+                )
+            except Exception as exc:
+                raise self._error(exc, "releasing a task") from exc
 
     async def _give_up(self, task_id: str) -> None:
-        if self._leases.pop(task_id, None) is not None:
-            await self._unlock(task_id)
-
-    async def _unlock(self, task_id: str) -> None:
-        if self._lease_db is None or self._lease_db.is_closed():
-            return  # the session is gone, and its locks with it
-        await self._on_lease_connection(
-            "releasing a task", "SELECT pg_advisory_unlock($1)", _lease_key(task_id)
-        )
+        """Drop this store's lease on ``task_id``, if it holds one."""
+        if task_id not in self._leases:
+            return
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            if self._leases.pop(task_id, None) is None:
+                return
+            if self._lease_db is None or self._lease_db.is_closed():
+                return  # the session is gone, and its locks with it
+            try:
+                await self._lease_db.fetchval("SELECT pg_advisory_unlock($1)", _lease_key(task_id))
+            except Exception as exc:
+                raise self._error(exc, "releasing a task") from exc
 
     # -- tasks ----------------------------------------------------------------------------
 
