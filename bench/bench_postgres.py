@@ -1,6 +1,6 @@
 """PostgreSQL: how task throughput scales with worker processes, and what a turn costs.
 
-1. Tasks per second with 1, 2 and 4 worker processes on one PostgreSQL database. Each task is
+1. Tasks per second (and worker CPU per task) with 1, 2 and 4 worker processes on one PostgreSQL database. Each task is
    one tool call and an answer from a ScriptedLLM with 20 ms latency per call, on a few shared
    conversations of a few users (rows contend as in a real service); each worker runs 4 tasks
    at a time. Workers connect and warm up first, then start together; throughput is all
@@ -9,7 +9,10 @@
 2. The per-turn cost of a durable conversation on PostgreSQL next to SQLite, in this process,
    with the same workload: a conversation of many turns (each a task with a direct answer from
    an instant model), backends alternated turn by turn; medians of early and late turns and
-   the PostgreSQL/SQLite ratio.
+   the PostgreSQL/SQLite ratio, next to one bare PostgreSQL round trip measured right after.
+   PostgreSQL is measured twice: with the server's default durable commits (each waits for a
+   disk flush) and with ``synchronous_commit=False``, the durability of the SQLite store's
+   WAL + synchronous=NORMAL (safe from process crashes; an OS crash may lose the last commits).
 
 The machine has 2 cores shared with other work: absolute figures are noisy; ratios measured
 in one run are the figures to compare.
@@ -100,15 +103,15 @@ async def worker(dsn: str, worker_id: int, tasks: int) -> None:
     await one(-1)  # connect, migrate check, warm caches
     print("ready", flush=True)
     sys.stdin.readline()
-    start = time.time()
+    start, cpu = time.time(), time.process_time()
     await asyncio.gather(*(one(i) for i in range(tasks)))
-    end = time.time()
+    end, cpu = time.time(), time.process_time() - cpu
     await store.close()
-    print(json.dumps({"start": start, "end": end, "tasks": tasks}), flush=True)
+    print(json.dumps({"start": start, "end": end, "tasks": tasks, "cpu": cpu}), flush=True)
 
 
-def run_workers(dsn: str, processes: int, tasks: int) -> float:
-    """Tasks per second of ``processes`` workers started together."""
+def run_workers(dsn: str, processes: int, tasks: int) -> tuple[float, float]:
+    """Tasks per second of ``processes`` workers started together, and worker CPU ms per task."""
     children = [
         subprocess.Popen(
             [sys.executable, "-m", "bench.bench_postgres", "--worker", dsn, str(n), str(tasks)],
@@ -129,17 +132,34 @@ def run_workers(dsn: str, processes: int, tasks: int) -> float:
             raise SystemExit(f"a worker failed (exit {child.returncode})")
         reports.append(json.loads(out.strip().splitlines()[-1]))
     span = max(r["end"] for r in reports) - min(r["start"] for r in reports)
-    return sum(r["tasks"] for r in reports) / span
+    done = sum(r["tasks"] for r in reports)
+    return done / span, 1000 * sum(r["cpu"] for r in reports) / done
 
 
-async def throughput(tasks: int, runs: int) -> dict[int, float]:
-    results: dict[int, list[float]] = {1: [], 2: [], 4: []}
+async def throughput(tasks: int, runs: int) -> dict[int, tuple[float, float]]:
+    results: dict[int, list[tuple[float, float]]] = {1: [], 2: [], 4: []}
     for _ in range(runs):
         for processes in results:  # interleaved, so load changes hit every count alike
             async with fresh_database() as dsn:
-                rate = await asyncio.to_thread(run_workers, dsn, processes, tasks)
-            results[processes].append(rate)
-    return {p: statistics.median(rates) for p, rates in results.items()}
+                figures = await asyncio.to_thread(run_workers, dsn, processes, tasks)
+            results[processes].append(figures)
+    return {
+        p: (statistics.median(r for r, _ in runs_), statistics.median(c for _, c in runs_))
+        for p, runs_ in results.items()
+    }
+
+
+async def round_trip(store: PostgresStore, count: int = 200) -> float:
+    """Median milliseconds of one ``SELECT 1`` through the store's pool: the floor under
+    every statement on this machine right now."""
+    pool = await store._ready()
+    times = []
+    async with pool.acquire() as db:
+        for _ in range(count):
+            began = time.perf_counter()
+            await db.fetchval("SELECT 1")
+            times.append((time.perf_counter() - began) * 1000)
+    return statistics.median(times)
 
 
 # -- part 2: per-turn cost -------------------------------------------------------------------
@@ -149,7 +169,12 @@ async def per_turn(turns: int) -> dict[str, dict[str, float]]:
     """Per-turn milliseconds of one long conversation on each backend, alternated."""
     with tempfile.TemporaryDirectory() as tmp:
         async with fresh_database() as dsn:
-            stores = {"postgres": PostgresStore(dsn), "sqlite": SQLiteStore(Path(tmp) / "b.db")}
+            stores = {
+                "postgres": PostgresStore(dsn),
+                # The same durability as the SQLite store's WAL + synchronous=NORMAL.
+                "postgres-async-commit": PostgresStore(dsn, synchronous_commit=False),
+                "sqlite": SQLiteStore(Path(tmp) / "b.db"),
+            }
             times: dict[str, list[float]] = {name: [] for name in stores}
             conversation: dict[str, str | None] = {name: None for name in stores}
             try:
@@ -166,11 +191,12 @@ async def per_turn(turns: int) -> dict[str, dict[str, float]]:
                         conversation[name] = result.conversation_id
                         if turn:  # turn 0 opens the store
                             times[name].append(elapsed * 1000)
+                rtt = await round_trip(stores["postgres"])
             finally:
                 for store in stores.values():
                     await store.close()
     fifth = max(1, turns // 5)
-    return {
+    figures = {
         name: {
             "median": statistics.median(values),
             "early": statistics.median(values[:fifth]),
@@ -178,6 +204,8 @@ async def per_turn(turns: int) -> dict[str, dict[str, float]]:
         }
         for name, values in times.items()
     }
+    figures["postgres"]["round_trip"] = rtt
+    return figures
 
 
 async def main(quick: bool) -> None:
@@ -187,16 +215,21 @@ async def main(quick: bool) -> None:
     rates = await throughput(tasks, runs)
     print(f"\n1. throughput: {tasks} tasks per worker, {CONCURRENCY} at a time, ScriptedLLM "
           f"{LATENCY * 1000:.0f} ms per call, median of {runs} run(s)")
-    for processes, rate in rates.items():
-        print(f"   {processes} worker(s): {rate:7.1f} tasks/s   scaling x{rate / rates[1]:.2f}")
+    for processes, (rate, cpu) in rates.items():
+        print(f"   {processes} worker(s): {rate:7.1f} tasks/s   scaling x{rate / rates[1][0]:.2f}"
+              f"   worker CPU {cpu:5.2f} ms/task")
     costs = await per_turn(turns)
     print(f"\n2. per-turn cost of one durable conversation ({turns} turns, instant model)")
     for name, figures in costs.items():
-        print(f"   {name:8s}: median {figures['median']:6.2f} ms   early {figures['early']:6.2f}"
+        print(f"   {name:21s}: median {figures['median']:6.2f} ms   early {figures['early']:6.2f}"
               f" ms   late {figures['late']:6.2f} ms")
     pg, lite = costs["postgres"], costs["sqlite"]
+    fast = costs["postgres-async-commit"]
     print(f"   postgres/sqlite: x{pg['median'] / lite['median']:.2f} (median), "
+          f"postgres-async-commit/sqlite: x{fast['median'] / lite['median']:.2f}, "
           f"late/early on postgres: x{pg['late'] / pg['early']:.2f}")
+    print(f"   one PostgreSQL round trip (SELECT 1, same pool, same moment): "
+          f"{pg['round_trip']:.3f} ms; a turn costs {pg['median'] / pg['round_trip']:.0f} of them")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,8 @@ async def test_secrets_in_its_output_are_redacted_before_they_are_stored(
         "payments=tok-live-9f8e7d6c5b4a\n"
         "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9abcdef\n"
         "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY-----\n"
+        "gh=ghp_abcdefghijklmnopqrstuvwxyz0123456789\n"
+        "slack=xoxb-1234567890-abcdefghij\n"
         "plain=hello\n"
     )
     llm = ScriptedLLM([
@@ -157,6 +159,7 @@ async def test_secrets_in_its_output_are_redacted_before_they_are_stored(
     db.close()
     seen = json.dumps([outputs, stored, [m["content"] for call in llm.calls for m in call]])
     for secret in ("sk-proj-AAAA", "AKIAIOSFODNN7EXAMPLE", "tok-live-9f8e7d6c5b4a",
-                   "eyJhbGciOiJIUzI1NiJ9abcdef", "MIIEvQIBADANBg"):
+                   "eyJhbGciOiJIUzI1NiJ9abcdef", "MIIEvQIBADANBg", "ghp_abcdefghij",
+                   "xoxb-1234567890"):
         assert secret not in seen, secret
-    assert "plain=hello" in outputs[0] and outputs[0].count("[REDACTED]") >= 5
+    assert "plain=hello" in outputs[0] and outputs[0].count("[REDACTED]") >= 7

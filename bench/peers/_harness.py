@@ -253,25 +253,26 @@ async def _conversation(
 ) -> tuple[int, int, float]:
     """Run ``turns`` turns of one durable conversation on a fresh file.
 
-    Returns (rows, bytes, seconds spent opening and closing the agent and its database).
+    Returns (rows, bytes, seconds spent opening and closing the agent and its database,
+    CPU seconds of this process, all threads, over the opening, the turns and the closing).
 
     Every turn asserts the answer, that the model saw more history than the turn before (until
     the framework's own history window is full), and that the database holds more rows.
     """
     path = directory / f"{adapter.NAME}.db"
     script = Script()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     session = await adapter.open_session(script, str(path))
-    setup = time.perf_counter() - start
+    setup, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     check = sqlite3.connect(path)
     rows = 0
     try:
         for turn in range(1, turns + 1):
             expected = answer_text(turn)
             script.set(("answer", expected))
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             answer = await session.turn(user_text(turn))
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, cpu + time.process_time() - cpu_start
             _check(answer == expected, f"turn {turn}: answer {answer!r} is not {expected!r}")
             wanted = min(2 * turn - 1, HISTORY_FLOOR)
             _check(
@@ -285,36 +286,40 @@ async def _conversation(
             on_turn(turn, elapsed)
     finally:
         check.close()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         await session.close()
         setup += time.perf_counter() - start
+        cpu += time.process_time() - cpu_start
     size = sum(
         p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists()
     )
-    return rows, size, setup
+    return rows, size, setup, cpu
 
 
 async def case_durable(adapter: Adapter, repeat: int, warmup: int, turns: int) -> dict[str, Any]:
     """Per-turn time of a whole ``turns``-turn durable conversation on a fresh database file:
     opening the agent and database (schema creation included), every turn, closing; divided
     by ``turns``. The correctness reads between turns are not timed."""
-    samples = []
+    samples, cpu_samples = [], []
     for index in range(warmup + repeat):
         times: list[float] = []
         with tempfile.TemporaryDirectory(prefix="bench-") as directory:
-            _, _, setup = await _conversation(
+            _, _, setup, cpu = await _conversation(
                 adapter, turns, Path(directory), lambda _t, s: times.append(s)
             )
         if index >= warmup:
             samples.append((sum(times) + setup) / len(times))
-    return {"samples": samples, "unit": "s", "turns": turns}
+            cpu_samples.append(cpu / len(times))
+    return {"samples": samples, "unit": "s", "turns": turns, "cpu_samples": cpu_samples,
+            "cpu_median": statistics.median(cpu_samples) if cpu_samples else None,
+            "cpu_p95": percentile(cpu_samples, 95) if cpu_samples else None}
 
 
 async def case_long(adapter: Adapter, turns: int) -> dict[str, Any]:
     """Every turn's time in one ``turns``-turn durable conversation, and the database's size."""
     times: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as directory:
-        rows, size, _ = await _conversation(
+        rows, size, _, _ = await _conversation(
             adapter, turns, Path(directory), lambda _t, s: times.append(s)
         )
     raw = raw_text_bytes(turns)

@@ -231,10 +231,15 @@ class Agent:
                     self.identity,
                     first,
                 )
-                window = self.llm.context_window - count_tokens(system) - self.budgets.output
+                # Tokens never outnumber UTF-8 bytes: when that bound leaves room for the whole
+                # history, counting the prompt (~250 µs a call) cannot change what is sent.
+                room = self.llm.context_window - self.budgets.output
+                history = chat_messages(ex.messages, room - len(system.encode()))
+                if len(history) < len(ex.messages):
+                    history = chat_messages(ex.messages, room - count_tokens(system))
                 step, spent = await reason(
                     self.llm,
-                    [{"role": "system", "content": system}, *chat_messages(ex.messages, window)],
+                    [{"role": "system", "content": system}, *history],
                     self.tools,
                     first_iteration=first,
                     on_token=lambda text: emit(Token(task, text)),

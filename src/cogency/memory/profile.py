@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
@@ -196,7 +197,8 @@ def _check_shapes(values: dict[str, Any]) -> None:
         else:
             ok = True
         if not ok:
-            raise UsageError(f"profile field {name!r} holds {type(value).__name__} {value!r:.60}")
+            # reprlib: bounded even for hostile, deeply nested values
+            raise UsageError(f"profile field {name!r} holds {type(value).__name__} {reprlib.repr(value)}")
 
 
 def _text(value: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -212,7 +213,7 @@ def check_id(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise UsageError(f"{name} must be a non-empty string, not {value!r}")
     if len(value) > MAX_ID_LENGTH or any(
-        ord(ch) < 32 or ch == "\x7f" or "\ud800" <= ch <= "\udfff" for ch in value
+        unicodedata.category(ch) in ("Cc", "Cs") for ch in value
     ):
         raise UsageError(
             f"{name} {value[:40]!r} is not a valid id: use at most {MAX_ID_LENGTH} printable "

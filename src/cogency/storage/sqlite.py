@@ -502,7 +502,7 @@ class SQLiteStore:
             try:
                 profile.enforce_bounds()
                 _put_profile(db, profile, _time.now().isoformat())
-            except (TypeError, ValueError, AttributeError) as exc:
+            except (TypeError, ValueError, AttributeError, RecursionError) as exc:
                 raise UsageError(
                     f"the profile of {user_id!r} cannot be stored after this update ({exc}); "
                     "keep each field's type (lists of strings, dicts of JSON values, strings)"
