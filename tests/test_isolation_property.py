@@ -111,6 +111,7 @@ async def _apply(store: SQLiteStore, world: World, op: str, user: str, index: in
             assert world.conversations[conversation] != user
             return
         assert world.conversations[conversation] == user
+        assert all(_mine(m["content"], user) for m in rows)
     elif op == "list":
         pass  # the invariant below lists everything for everyone
     elif op == "learn":

@@ -120,10 +120,12 @@ class Agent:
         if not isinstance(query, str) or not query.strip():
             raise UsageError("query must be a non-empty string")
 
-        async def open_task() -> tuple[State, bool]:
+        async def open_task(runner: str) -> tuple[State, bool]:
+            # One transaction creates the task, holds it for this runner, and stores the query.
             state = await State.start_task(
                 query, user_id, conversation_id, self.store,
                 max_iterations=self.max_iterations, history_tokens=self.history_tokens,
+                record_query=True, runner=runner,
             )
             return state, False
 
@@ -134,11 +136,12 @@ class Agent:
         check_id(task_id, "task_id")
         check_id(user_id, "user_id")
 
-        async def open_task() -> tuple[State, bool]:
+        async def open_task(runner: str) -> tuple[State, bool]:
             state = await State.continue_task(
                 task_id, user_id, self.store,
                 max_iterations=self.max_iterations, history_tokens=self.history_tokens,
             )
+            await self.store.claim_task(task_id, user_id, runner)
             return state, True
 
         return self._drive(open_task)
@@ -188,19 +191,20 @@ class Agent:
         assert isinstance(result, AgentResult)
         return result
 
-    def _drive(self, open_task: Callable[[], Awaitable[tuple[State, bool]]]) -> _EventStream:
+    def _drive(
+        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]]
+    ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
         return _EventStream(lambda emit: self._execute(open_task, emit))
 
     async def _execute(
         self,
-        open_task: Callable[[], Awaitable[tuple[State, bool]]],
+        open_task: Callable[[str], Awaitable[tuple[State, bool]]],
         emit: Callable[[Event], None],
     ) -> AgentResult:
-        state, resumed = await open_task()
         runner = new_runner()
-        await self.store.claim_task(state.task_id, state.user_id, runner)
+        state, resumed = await open_task(runner)
         ex, usage, error = state.execution, Usage(), None
         task = state.task_id
         recorded = _recorded_results(ex.messages, task)
@@ -214,8 +218,8 @@ class Agent:
 
         emit(Start(task, state.conversation.conversation_id, state.query, resumed))
         try:
-            # A resumed task killed before its first save has no message yet: add the query.
-            if not resumed or not any(m.get("task_id") == task for m in ex.messages):
+            # A task begun by State.start_task alone has no message yet: add its query.
+            if resumed and not any(m.get("task_id") == task for m in ex.messages):
                 add_message(state, "user", state.query)
                 await save()
             memory = await self.memory.activate(state.user_id) if self.memory else ""

@@ -77,7 +77,10 @@ class Profile:
         _check_shapes(values)
         for name in ("created_at", "last_updated"):
             if name in values:
-                values[name] = _time.parse(values[name])
+                try:
+                    values[name] = _time.parse(values[name])
+                except ValueError as exc:
+                    raise UsageError(f"profile field {name!r} is not an ISO timestamp") from exc
         profile = cls(**values)
         profile.enforce_bounds()
         return profile

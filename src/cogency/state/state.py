@@ -59,11 +59,16 @@ class State:
         max_iterations: int = 10,
         history_tokens: int = DEFAULT_HISTORY_TOKENS,
         task_id: str | None = None,
+        record_query: bool = False,
+        runner: str | None = None,
     ) -> State:
         """Create a task and save its workspace; continue ``conversation_id`` when given.
 
         The profile row is created if missing. ``execution.messages`` holds the newest
         conversation history that fits ``history_tokens`` (all of it stays in the database).
+        ``record_query`` also stores the query as the conversation's next user message, and
+        ``runner`` holds the task for that runner (as ``Store.claim_task``), both in the same
+        transaction.
         """
         check_id(user_id, "user_id")
         if not isinstance(query, str):
@@ -79,6 +84,7 @@ class State:
         conversation = Conversation(
             conversation_id=conversation_id or str(uuid.uuid4()), user_id=user_id
         )
+        first = [_message(state, "user", query)] if record_query else []
         record = await store.begin_task(
             TaskRecord(
                 task_id=state.task_id,
@@ -86,12 +92,14 @@ class State:
                 conversation_id=conversation.conversation_id,
                 query=query,
                 workspace=state.workspace.to_dict(),
+                runner=runner,
             ),
             conversation.to_dict(),
+            first,
         )
         state._saved_workspace = state.workspace.to_dict()
-        history = []
-        if record.message_count:
+        history = first
+        if record.message_count > len(first):
             history = await store.load_messages(
                 record.conversation_id, user_id, token_budget=history_tokens
             )
@@ -158,14 +166,7 @@ def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str
         raise UsageError("message content must be a string")
     if state.completed:
         raise UsageError(f"task {state.task_id!r} is complete; start a new task to add messages")
-    message = {
-        "role": role,
-        "content": scrub_surrogates(content),  # a model's "\ud800" must not fail the save
-        "task_id": state.task_id,
-        "tokens": count_tokens(content),
-        "created_at": _time.now().isoformat(),
-        **extra,
-    }
+    message = _message(state, role, content, **extra)
     state.conversation.messages.append(message)
     state.conversation.unsaved.append(message)
     state.execution.messages.append(message)
@@ -206,6 +207,17 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
     del state.conversation.unsaved[: len(pending)]
     state._saved_workspace = workspace
     state.conversation.last_updated = _time.now()
+
+
+def _message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "role": role,
+        "content": scrub_surrogates(content),  # a model's "\ud800" must not fail the save
+        "task_id": state.task_id,
+        "tokens": count_tokens(content),
+        "created_at": _time.now().isoformat(),
+        **extra,
+    }
 
 
 def check_id(value: Any, name: str) -> str:

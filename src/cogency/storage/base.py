@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -74,9 +74,14 @@ class Store(Protocol):
     """
 
     async def begin_task(
-        self, task: TaskRecord, conversation_data: dict[str, Any]
+        self,
+        task: TaskRecord,
+        conversation_data: dict[str, Any],
+        messages: Sequence[dict[str, Any]] = (),
     ) -> ConversationRecord:
-        """Ensure the profile row, open or create the conversation, insert the workspace."""
+        """Ensure the profile row, open or create the conversation, insert the workspace
+        (held by ``task.runner`` when set, as :meth:`claim_task` would) and append
+        ``messages``, all in one transaction."""
         ...
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord: ...

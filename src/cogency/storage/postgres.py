@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -627,7 +627,10 @@ class PostgresStore:
     # -- tasks ----------------------------------------------------------------------------
 
     async def begin_task(
-        self, task: TaskRecord, conversation_data: dict[str, Any]
+        self,
+        task: TaskRecord,
+        conversation_data: dict[str, Any],
+        messages: Sequence[dict[str, Any]] = (),
     ) -> ConversationRecord:
         asyncpg = _driver()
 
@@ -674,9 +677,17 @@ class PostgresStore:
                 raise ConflictError(
                     f"task {task.task_id!r} already exists; start tasks with a new id"
                 ) from exc
+            if messages:
+                batch = SaveBatch(task.user_id, task.task_id, task.conversation_id,
+                                  task.version, list(messages))
+                await _append(db, batch, stamp)
+                conversation.message_count += len(messages)
             return conversation
 
-        return await self._use("starting a task", work)
+        conversation = await self._use("starting a task", work)
+        if task.runner is not None:  # the runner column is set; take the lease lock too
+            await self.claim_task(task.task_id, task.user_id, task.runner)
+        return conversation
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
         async def work(db: asyncpg.Connection) -> TaskRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -287,10 +287,10 @@ class SQLiteStore:
             return fn(db)
         except sqlite3.Error as exc:
             raise _storage_error(exc, self.path) from exc
-        except UnicodeEncodeError as exc:  # lone surrogates: no UTF-8 database can hold them
+        except (UnicodeEncodeError, OverflowError) as exc:  # values SQLite cannot bind
             raise UsageError(
-                f"text with an invalid character ({exc.object[exc.start:exc.end]!r}, a lone "
-                "surrogate) cannot be stored; decode bytes with errors='replace' first"
+                f"a value cannot be stored ({exc}): text must not hold lone surrogates (decode "
+                "bytes with errors='replace') and integers must fit in 64 bits"
             ) from exc
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
@@ -329,7 +329,10 @@ class SQLiteStore:
     # -- tasks ----------------------------------------------------------------------------
 
     async def begin_task(
-        self, task: TaskRecord, conversation_data: dict[str, Any]
+        self,
+        task: TaskRecord,
+        conversation_data: dict[str, Any],
+        messages: Sequence[dict[str, Any]] = (),
     ) -> ConversationRecord:
         def work(db: sqlite3.Connection) -> ConversationRecord:
             stamp = _time.now().isoformat()
@@ -357,6 +360,11 @@ class SQLiteStore:
                 raise ConflictError(
                     f"task {task.task_id!r} already exists; start tasks with a new id"
                 ) from exc
+            if messages:
+                batch = SaveBatch(task.user_id, task.task_id, task.conversation_id,
+                                  task.version, list(messages))
+                _append(db, batch, stamp)
+                conversation.message_count += len(messages)
             return conversation
 
         return await self._run(self._write(work))

@@ -319,7 +319,10 @@ def _check(value: Any, spec: dict[str, Any], path: str, tool_name: str) -> None:
 
 def _describe(value: Any) -> str:
     try:
-        text = json.dumps(value, ensure_ascii=False, default=repr) if not isinstance(value, str) else repr(value)
+        if isinstance(value, str):
+            text = repr(value)
+        else:
+            text = json.dumps(value, ensure_ascii=False, default=repr)
     except (RecursionError, ValueError):  # hostile input: nested past the recursion limit
         text = "(nested too deeply to show)"
     kind = type(value).__name__

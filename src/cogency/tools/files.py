@@ -44,7 +44,9 @@ class _Root:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         path = Path(root).expanduser()
         if not path.is_dir():
-            raise ConfigurationError(f"file tools root {str(path)!r} is not a directory; create it first")
+            raise ConfigurationError(
+                f"file tools root {str(path)!r} is not a directory; create it first"
+            )
         self.path = os.path.realpath(path)
 
     # -- walking ---------------------------------------------------------------------------
@@ -98,7 +100,8 @@ class _Root:
                     if last:
                         return stack, name, "/".join([*names, name])
                     if not create_dirs:
-                        raise ToolError(f"no directory {'/'.join([*names, name])!r} under the root") from None
+                        missing = "/".join([*names, name])
+                        raise ToolError(f"no directory {missing!r} under the root") from None
                     try:
                         os.mkdir(name, 0o755, dir_fd=stack[-1])
                     except FileExistsError:
@@ -142,7 +145,9 @@ class _Root:
         for fd in fds:
             os.close(fd)
 
-    def open_file(self, rel: str, *, max_bytes: int | None = None) -> tuple[int, os.stat_result, str]:
+    def open_file(
+        self, rel: str, *, max_bytes: int | None = None
+    ) -> tuple[int, os.stat_result, str]:
         """An fd of the regular, singly linked file ``rel`` (read-only) with its fstat."""
         stack, name, shown = self.walk(rel)
         try:
@@ -154,7 +159,9 @@ class _Root:
                 _check_regular(os.stat(name, dir_fd=stack[-1], follow_symlinks=False), shown)
                 fd = os.open(name, _FILE_FLAGS, dir_fd=stack[-1])
             except FileNotFoundError:
-                raise ToolError(f"no file {shown!r} under the root (file_list shows what exists)") from None
+                raise ToolError(
+                    f"no file {shown!r} under the root (file_list shows what exists)"
+                ) from None
             except OSError as exc:
                 raise _changed(rel, exc) from exc
         finally:
@@ -293,7 +300,9 @@ def files_tools(
             os.close(fd)
         count = text.count(old)
         if count == 0:
-            raise ToolError(f"the snippet was not found in {shown!r}; read the file and copy it exactly")
+            raise ToolError(
+                f"the snippet was not found in {shown!r}; read the file and copy it exactly"
+            )
         if count > 1:
             raise ToolError(
                 f"the snippet occurs {count} times in {shown!r}; include more surrounding text "
@@ -483,14 +492,17 @@ def _is_link(dirfd: int, filename: str) -> bool:
         return True
 
 
-def _search_file(dirfd: int, filename: str, matcher: re.Pattern[str]) -> list[tuple[int, str]] | None:
+def _search_file(
+    dirfd: int, filename: str, matcher: re.Pattern[str]
+) -> list[tuple[int, str]] | None:
     try:
         fd = os.open(filename, _FILE_FLAGS, dir_fd=dirfd)
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > MAX_SEARCH_FILE_BYTES:
+        too_big = info.st_size > MAX_SEARCH_FILE_BYTES
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or too_big:
             return None
         text = _read_all(fd, MAX_SEARCH_FILE_BYTES).decode("utf-8", "replace")
     except (OSError, ToolError):
