@@ -77,27 +77,25 @@ def chat_messages(history: Sequence[dict[str, Any]], budget: int) -> list[Messag
     The newest message is always kept. Tool calls and results appear as the model's own
     action message and a user message marked as tool data.
     """
+    # Runs every iteration over the whole window: cost first, and a chat dict only when kept.
     picked: list[Message] = []
     used = 0
     for message in reversed(history):
-        chat = _chat(message)
+        role = message["role"]
         tokens = message.get("tokens")
-        cost = (tokens if tokens is not None else count_tokens(chat["content"])) + 8
-        if tokens is not None and message["role"] == "tool":
-            cost += TOOL_FRAME_TOKENS
+        if tokens is None:
+            tokens = count_tokens(message["content"])
+        cost = tokens + (8 + TOOL_FRAME_TOKENS if role == "tool" else 8)
         if picked and used + cost > budget:
             break
         used += cost
-        picked.append(chat)
+        if role == "tool":
+            picked.append({"role": "user", "content": render_tool_message(message["content"])})
+        else:
+            picked.append({"role": "assistant" if role == "assistant" else "user",
+                           "content": message["content"]})
     picked.reverse()
     return picked
-
-
-def _chat(message: dict[str, Any]) -> Message:
-    role = message["role"]
-    if role == "tool":
-        return {"role": "user", "content": render_tool_message(message["content"])}
-    return {"role": "assistant" if role == "assistant" else "user", "content": message["content"]}
 
 
 def render_tool_message(content: str) -> str:
