@@ -7,7 +7,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ._json import dumps
 from .context import Budgets, build_context, chat_messages, system_prompt
@@ -86,8 +86,9 @@ class Agent:
             if item.name in self.tools:
                 raise UsageError(f"two tools are named {item.name!r}; tool names must be unique")
             self.tools[item.name] = item
+        # A duck-typed check: isinstance() against the runtime Protocol costs more than the rest.
         self._owns_store = not _is_store(store)
-        self.store: Store = store if _is_store(store) else open_store(store)  # type: ignore[arg-type]
+        self.store: Store = cast(Store, store) if _is_store(store) else open_store(cast(str, store))
         if memory is True:
             memory = Memory()
         self.memory: Memory | None = memory.bind(self.store, self.llm) if memory else None
@@ -360,10 +361,18 @@ class _EventStream:
         self._iterator: AsyncIterator[Event] | None = None
         self.result: AgentResult | None = None
 
-    def __aiter__(self) -> AsyncIterator[Event]:
+    def __aiter__(self) -> _EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
         if self._iterator is None:
             self._iterator = self._events()
-        return self._iterator
+        return await self._iterator.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop the run (as if cancelled) and wait until its state is saved."""
+        if self._iterator is not None:
+            await self._iterator.aclose()  # type: ignore[attr-defined]
 
     async def _events(self) -> AsyncIterator[Event]:
         queue: asyncio.Queue[Any] = asyncio.Queue()

@@ -220,7 +220,9 @@ def _decode(decoder: json.JSONDecoder, text: str) -> Any:
 
 def _strip_trailing_commas(text: str) -> str:
     # Only outside strings: walk the text, rewriting the unquoted stretches.
-    out, in_string, escaped, chunk = [], False, False, []
+    out: list[str] = []
+    chunk: list[str] = []
+    in_string = escaped = False
     for ch in text:
         if in_string:
             out.append(ch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import json
 from collections import deque
@@ -87,9 +88,8 @@ class ScriptedLLM(LLM):
         if self.delay:
             await asyncio.sleep(self.delay)
         if callable(item):
-            item = item(messages)
-            if asyncio.iscoroutine(item) or isinstance(item, asyncio.Future):
-                item = await item
+            produced = item(messages)
+            item = await produced if inspect.isawaitable(produced) else produced
         if isinstance(item, BaseException):
             raise item
         text = item if isinstance(item, str) else json.dumps(item)

@@ -44,7 +44,7 @@ class GeminiLLM(ProviderLLM):
                 "Gemini needs an API key: set GEMINI_API_KEY (or pass api_key=), "
                 "or use llm='local' to run offline"
             )
-        options_ = {"timeout": int(self.timeout * 1000)}  # milliseconds; no SDK retries
+        options_: dict[str, Any] = {"timeout": int(self.timeout * 1000)}  # milliseconds; no SDK retries
         if base_url:
             options_["base_url"] = base_url
         self._client = genai.Client(

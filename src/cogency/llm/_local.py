@@ -224,7 +224,7 @@ class LocalLLM(OpenAILLM):
         )
 
     def _server_context(self) -> int | None:
-        url = self.base_url.removesuffix("/v1") + "/props"
+        url = str(self.base_url).removesuffix("/v1") + "/props"
         try:
             with urllib.request.urlopen(url, timeout=10) as reply:
                 props = json.load(reply)

@@ -632,7 +632,7 @@ class PostgresStore:
         conversation_data: dict[str, Any],
         messages: Sequence[dict[str, Any]] = (),
     ) -> ConversationRecord:
-        asyncpg = _driver()
+        driver = _driver()
 
         async def work(db: asyncpg.Connection) -> ConversationRecord:
             stamp = _time.now()
@@ -673,7 +673,7 @@ class PostgresStore:
                     task.task_id, task.user_id, task.conversation_id, _put_text(task.query),
                     dumps(task.workspace), task.version, task.runner, stamp,
                 )
-            except asyncpg.exceptions.UniqueViolationError as exc:
+            except driver.exceptions.UniqueViolationError as exc:
                 raise ConflictError(
                     f"task {task.task_id!r} already exists; start tasks with a new id"
                 ) from exc
