@@ -151,3 +151,10 @@ def test_valid_replies_round_trip_through_noise(response, understanding, prefix)
     step = parse_step(prefix + body + suffix, TOOLS)
     assert step.workspace["understanding"] == understanding
     assert step.response == (response if response and response.strip() else None)
+
+
+def test_a_reply_cut_short_is_invalid_not_its_inner_object():
+    # The nested {"name": "search"} parses on its own; taking it for the step would
+    # silently lose the reply. It holds no field of the contract, so the reply is invalid.
+    with pytest.raises(InvalidResponseError, match="no JSON object"):
+        parse_step('{"actions": [{"name": "search", "args": {"query": "a"}}]', TOOLS)

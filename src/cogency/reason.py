@@ -205,10 +205,17 @@ def _first_object(text: str) -> dict[str, Any] | None:
             # Only then pay for the repair: most replies are clean JSON, and a hostile one
             # with thousands of '{' must not cost a character-by-character walk for each.
             value = _decode(decoder, _strip_trailing_commas(text[start:]))
-        if isinstance(value, dict):
+        # A later '{' may open an object nested in a broken one ('{"actions": [{"name": "x"}]'
+        # cut short): only accept it if it holds a field of the contract.
+        if isinstance(value, dict) and (tries == 1 or _CONTRACT_KEYS.intersection(value)):
             return value
         start = text.find("{", start + 1)
     return None
+
+
+_CONTRACT_KEYS = frozenset(
+    ("secure", "objective", "understanding", "approach", "discoveries", "response", "actions")
+)
 
 
 def _decode(decoder: json.JSONDecoder, text: str) -> Any:

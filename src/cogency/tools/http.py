@@ -145,7 +145,7 @@ def _resolve(host: str, port: int, allow_private: bool, timeout: float) -> tuple
     except socket.gaierror as exc:
         raise ToolError(f"cannot resolve {host!r}: {exc}") from exc
     for family, _, _, _, address in infos:
-        ip = ipaddress.ip_address(address[0].split("%")[0])
+        ip = ipaddress.ip_address(str(address[0]).split("%")[0])
         if allow_private or ip.is_global:
             return address
     raise ToolError(
