@@ -107,16 +107,7 @@ class AnthropicLLM(ProviderLLM):
             raise RefusalError(f"{self.name} refused to answer (stop_reason 'refusal')")
 
     def _failure(self, exc: Exception) -> Failure | None:
-        sdk = self._sdk
-        if isinstance(exc, sdk.APITimeoutError):
-            return self._timeout_failure()
-        if isinstance(exc, sdk.APIStatusError):
-            return self._status_failure(
-                exc.status_code, _message(exc), getattr(exc.response, "headers", None)
-            )
-        if isinstance(exc, sdk.APIConnectionError):
-            return self._status_failure(None, f"cannot connect to Anthropic ({exc})")
-        return None
+        return self._sdk_failure(exc, "Anthropic")
 
 
 def split_system(messages: list[Message]) -> tuple[str, list[dict[str, str]]]:
@@ -155,11 +146,3 @@ def _usage(start: Any, delta: Any) -> Usage:
     output = tokens(delta, "output_tokens") or tokens(start, "output_tokens")
     return Usage(input_tokens=input_tokens, output_tokens=output, calls=1)
 
-
-def _message(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-    return str(getattr(exc, "message", "") or exc)

@@ -127,17 +127,7 @@ class OpenAILLM(ProviderLLM):
             raise RefusalError(f"{self.name} refused: the provider's content filter stopped it")
 
     def _failure(self, exc: Exception) -> Failure | None:
-        sdk = self._sdk
-        if isinstance(exc, sdk.APITimeoutError):
-            return self._timeout_failure()
-        if isinstance(exc, sdk.APIStatusError):
-            return self._status_failure(
-                exc.status_code, _message(exc), getattr(exc.response, "headers", None)
-            )
-        if isinstance(exc, sdk.APIConnectionError):
-            where = self.base_url or "api.openai.com"
-            return self._status_failure(None, f"cannot connect to {where} ({exc})")
-        return None
+        return self._sdk_failure(exc, self.base_url or "api.openai.com")
 
 
 def _usage(usage: Any) -> Usage:
@@ -149,13 +139,3 @@ def _usage(usage: Any) -> Usage:
         calls=1,
     )
 
-
-def _message(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-    return str(getattr(exc, "message", "") or exc)

@@ -71,6 +71,8 @@ class ProviderLLM(LLM):
     provider = "llm"
     key_hint = ""
     """What to set when the provider rejects the credentials."""
+    _sdk: Any = None
+    """The provider's SDK module, imported when the adapter is made."""
 
     def __init__(
         self,
@@ -112,6 +114,19 @@ class ProviderLLM(LLM):
     @abstractmethod
     def _failure(self, exc: Exception) -> Failure | None:
         """What an SDK exception means, or ``None`` if it is not the SDK's."""
+
+    def _sdk_failure(self, exc: Exception, where: str) -> Failure | None:
+        """The mapping shared by the OpenAI and Anthropic SDKs (same exception classes)."""
+        sdk = self._sdk
+        if isinstance(exc, sdk.APITimeoutError):
+            return self._timeout_failure()
+        if isinstance(exc, sdk.APIStatusError):
+            return self._status_failure(
+                exc.status_code, sdk_message(exc), getattr(exc.response, "headers", None)
+            )
+        if isinstance(exc, sdk.APIConnectionError):
+            return self._status_failure(None, f"cannot connect to {where} ({exc})")
+        return None
 
     # -- the LLM interface --------------------------------------------------------------
 
@@ -237,6 +252,18 @@ class ProviderLLM(LLM):
         if status is None:  # no HTTP answer at all: connection refused, reset, DNS…
             return Failure(LLMError(f"{detail}: cannot reach the provider"), retryable=True)
         return Failure(LLMError(f"{detail} (HTTP {status})"))
+
+
+def sdk_message(exc: Any) -> str:
+    """The provider's own error message from an SDK exception's body, else its text."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+    return str(getattr(exc, "message", "") or exc)
 
 
 def retry_after(headers: Mapping[str, str] | None) -> float | None:
