@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from .._json import loads
+from .. import _time
+from .._json import dumps, loads
 from ..errors import CorruptDataError
 from ..memory.profile import Profile
 
@@ -148,6 +149,66 @@ def decode_profile(text: str, user_id: str) -> Profile:
             f"user_profiles row {user_id!r} holds a profile that cannot be read ({exc}); "
             "repair or delete the row"
         ) from exc
+
+
+def no_conversation(conversation_id: str, user_id: str) -> str:
+    """The not-found message for a conversation (the same whether missing or another user's)."""
+    return (
+        f"no conversation {conversation_id!r} for user {user_id!r} "
+        "(`cogency conversations --user USER` lists them)"
+    )
+
+
+def conversation_record(row: Any) -> ConversationRecord:
+    """A ``conversations`` row (id, user, data, message_count, updated_at) as a record."""
+    conversation_id, user_id, data, count, updated = row
+    return ConversationRecord(
+        conversation_id,
+        user_id,
+        decode(data, "conversations", conversation_id, "conversation_data"),
+        count,
+        _time.parse(updated) if updated else None,
+    )
+
+
+def task_record(row: Any, text: Callable[[str], str] = str) -> TaskRecord:
+    """A ``task_workspaces`` row as a record; ``text`` reads the stored query."""
+    task_id, user_id, conversation_id, query, data, version, runner, updated = row
+    return TaskRecord(
+        task_id,
+        user_id,
+        conversation_id,
+        text(query),
+        decode(data, "task_workspaces", task_id, "workspace_data"),
+        version,
+        runner,
+        _time.parse(updated) if updated else None,
+    )
+
+
+def legacy_messages(
+    conversation_id: str, data: dict[str, Any], stamp: str
+) -> list[tuple[int, str, str, int, str]] | None:
+    """Rows (seq, role, content, tokens, created_at) for the messages a seed-era conversation
+    kept inside ``conversation_data``, which loses its ``messages`` key; ``None`` if it has
+    none. Used by migration m002 of every backend."""
+    if "messages" not in data:
+        return None
+    messages = data.pop("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise CorruptDataError(
+            f"conversations row {conversation_id!r} holds a 'messages' value that is not a "
+            "list of objects; repair or delete the row, then open the database again"
+        )
+    from ..tokens import count_tokens
+
+    rows = []
+    for seq, message in enumerate(messages, start=1):
+        content = message.get("content", "")
+        content = content if isinstance(content, str) else dumps(content)
+        rows.append((seq, str(message.get("role", "user")), content, count_tokens(content),
+                     str(message.get("timestamp") or stamp)))
+    return rows
 
 
 def new_runner() -> str:

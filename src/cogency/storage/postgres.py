@@ -23,7 +23,6 @@ from ..errors import (
     CogencyError,
     ConfigurationError,
     ConflictError,
-    CorruptDataError,
     NotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -37,8 +36,12 @@ from .base import (
     ConversationRecord,
     SaveBatch,
     TaskRecord,
+    conversation_record,
     decode,
     decode_profile,
+    legacy_messages,
+    no_conversation,
+    task_record,
 )
 
 if TYPE_CHECKING:
@@ -134,26 +137,12 @@ async def _m002_conversation_messages(db: asyncpg.Connection) -> None:
     rows = await db.fetch("SELECT conversation_id, conversation_data::text FROM conversations")
     for conversation_id, text in rows:
         data = decode(text, "conversations", conversation_id, "conversation_data")
-        if "messages" not in data:
+        messages = legacy_messages(conversation_id, data, stamp.isoformat())
+        if messages is None:
             continue
-        messages = data.pop("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise CorruptDataError(
-                f"conversations row {conversation_id!r} holds a 'messages' value that is not a "
-                "list of objects; repair or delete the row, then open the database again"
-            )
-        from ..tokens import count_tokens
-
-        rows_out = []
-        for seq, message in enumerate(messages, start=1):
-            content = message.get("content", "")
-            content = content if isinstance(content, str) else dumps(content)
-            rows_out.append(
-                (conversation_id, seq, str(message.get("role", "user")), content,
-                 count_tokens(content), str(message.get("timestamp") or stamp.isoformat()))
-            )
         await db.executemany(
-            "INSERT INTO conversation_messages VALUES ($1, $2, $3, $4, NULL, $5, $6)", rows_out
+            "INSERT INTO conversation_messages VALUES ($1, $2, $3, $4, NULL, $5, $6)",
+            [(conversation_id, *message) for message in messages],
         )
         await db.execute(
             "UPDATE conversations SET conversation_data = $1, message_count = $2 "
@@ -662,9 +651,9 @@ class PostgresStore:
                     task.conversation_id, task.user_id, conversation_data, 0, stamp
                 )
             elif row["user_id"] != task.user_id:
-                raise NotFoundError(_no_conversation(task.conversation_id, task.user_id))
+                raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
             else:
-                conversation = _conversation(row)
+                conversation = conversation_record(row)
             try:
                 await db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
@@ -698,7 +687,7 @@ class PostgresStore:
                     f"no unfinished task {task_id!r} for user {user_id!r} "
                     "(it may have completed; `cogency tasks` lists the unfinished ones)"
                 )
-            return _task(row)
+            return task_record(row, _get_text)
 
         return await self._read("loading a task", work)
 
@@ -710,7 +699,7 @@ class PostgresStore:
                 rows = await db.fetch(
                     _TASK_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, task_id", user_id
                 )
-            return [_task(row) for row in rows]
+            return [task_record(row, _get_text) for row in rows]
 
         return await self._read("listing tasks", work)
 
@@ -760,8 +749,8 @@ class PostgresStore:
                 conversation_id, user_id,
             )
             if row is None:
-                raise NotFoundError(_no_conversation(conversation_id, user_id))
-            return _conversation(row)
+                raise NotFoundError(no_conversation(conversation_id, user_id))
+            return conversation_record(row)
 
         return await self._read("loading a conversation", work)
 
@@ -772,7 +761,7 @@ class PostgresStore:
                 "ORDER BY updated_at DESC, conversation_id",
                 user_id,
             )
-            return [_conversation(row) for row in rows]
+            return [conversation_record(row) for row in rows]
 
         return await self._read("listing conversations", work)
 
@@ -795,7 +784,7 @@ class PostgresStore:
             while True:
                 rows = await db.fetch(_PAGE, conversation_id, user_id, below, page)
                 if not rows:
-                    raise NotFoundError(_no_conversation(conversation_id, user_id))
+                    raise NotFoundError(no_conversation(conversation_id, user_id))
                 for seq, role, content, task_id, tokens, created in rows:
                     if seq is None:
                         return picked[::-1]  # the conversation has no more messages
@@ -903,38 +892,6 @@ async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime
     )
 
 
-def _no_conversation(conversation_id: str, user_id: str) -> str:
-    return (
-        f"no conversation {conversation_id!r} for user {user_id!r} "
-        "(`cogency conversations --user USER` lists them)"
-    )
-
-
-def _conversation(row: Any) -> ConversationRecord:
-    conversation_id, user_id, data, count, updated = row
-    return ConversationRecord(
-        conversation_id,
-        user_id,
-        decode(data, "conversations", conversation_id, "conversation_data"),
-        count,
-        _time.parse(updated) if updated else None,
-    )
-
-
-def _task(row: Any) -> TaskRecord:
-    task_id, user_id, conversation_id, query, data, version, runner, updated = row
-    return TaskRecord(
-        task_id,
-        user_id,
-        conversation_id,
-        _get_text(query),
-        decode(data, "task_workspaces", task_id, "workspace_data"),
-        version,
-        runner,
-        _time.parse(updated) if updated else None,
-    )
-
-
 async def _version_problem(db: asyncpg.Connection, batch: SaveBatch) -> CogencyError:
     """Why a versioned write matched no row: the task is gone, or someone saved first."""
     version = await db.fetchval(
@@ -972,7 +929,7 @@ async def _append(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> 
         [m.get("created_at") or stamp.isoformat() for m in batch.messages],
     )
     if not seqs:
-        raise NotFoundError(_no_conversation(batch.conversation_id, batch.user_id))
+        raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
     first = min(row[0] for row in seqs)
     for offset, message in enumerate(batch.messages):
         message["seq"] = first + offset

@@ -14,7 +14,6 @@ from .. import _time
 from .._json import dumps
 from ..errors import (
     ConflictError,
-    CorruptDataError,
     NotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -28,10 +27,14 @@ from .base import (
     ConversationRecord,
     SaveBatch,
     TaskRecord,
-    decode,
     abandon_runner,
+    conversation_record,
+    decode,
     decode_profile,
+    legacy_messages,
+    no_conversation,
     runner_alive,
+    task_record,
 )
 
 T = TypeVar("T")
@@ -101,24 +104,13 @@ def _m002_conversation_messages(db: sqlite3.Connection) -> None:
     rows = db.execute("SELECT conversation_id, conversation_data FROM conversations").fetchall()
     for conversation_id, text in rows:
         data = decode(text, "conversations", conversation_id, "conversation_data")
-        if "messages" not in data:
+        messages = legacy_messages(conversation_id, data, stamp)
+        if messages is None:
             continue
-        messages = data.pop("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise CorruptDataError(
-                f"conversations row {conversation_id!r} holds a 'messages' value that is not a "
-                "list of objects; repair or delete the row, then open the database again"
-            )
-        from ..tokens import count_tokens
-
-        for seq, message in enumerate(messages, start=1):
-            content = message.get("content", "")
-            content = content if isinstance(content, str) else dumps(content)
-            db.execute(
-                "INSERT INTO conversation_messages VALUES (?, ?, ?, ?, NULL, ?, ?)",
-                (conversation_id, seq, str(message.get("role", "user")), content,
-                 count_tokens(content), str(message.get("timestamp") or stamp)),
-            )
+        db.executemany(
+            "INSERT INTO conversation_messages VALUES (?, ?, ?, ?, NULL, ?, ?)",
+            [(conversation_id, *message) for message in messages],
+        )
         db.execute(
             "UPDATE conversations SET conversation_data = ?, message_count = ? "
             "WHERE conversation_id = ?",
@@ -340,7 +332,7 @@ class SQLiteStore:
             conversation = _find_conversation(db, task.conversation_id, task.user_id, missing=None)
             if conversation is None:
                 if _conversation_owner(db, task.conversation_id) is not None:
-                    raise NotFoundError(_no_conversation(task.conversation_id, task.user_id))
+                    raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
                 db.execute(
                     "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
                     "updated_at, message_count) VALUES (?, ?, ?, ?, 0)",
@@ -381,7 +373,7 @@ class SQLiteStore:
                     f"no unfinished task {task_id!r} for user {user_id!r} "
                     "(it may have completed; `cogency tasks` lists the unfinished ones)"
                 )
-            return _task(row)
+            return task_record(row)
 
         return await self._run(work)
 
@@ -396,7 +388,7 @@ class SQLiteStore:
                 if user_id is not None
                 else db.execute(sql + " ORDER BY updated_at")
             )
-            return [_task(row) for row in rows]
+            return [task_record(row) for row in rows]
 
         return await self._run(work)
 
@@ -468,7 +460,7 @@ class SQLiteStore:
                 "FROM conversations WHERE user_id = ? ORDER BY updated_at DESC",
                 (user_id,),
             )
-            return [_conversation(row) for row in rows]
+            return [conversation_record(row) for row in rows]
 
         return await self._run(work)
 
@@ -573,40 +565,8 @@ def _find_conversation(
     if row is None:
         if missing is None:
             return None
-        raise missing(_no_conversation(conversation_id, user_id))
-    return _conversation(row)
-
-
-def _no_conversation(conversation_id: str, user_id: str) -> str:
-    return (
-        f"no conversation {conversation_id!r} for user {user_id!r} "
-        "(`cogency conversations --user USER` lists them)"
-    )
-
-
-def _conversation(row: tuple[Any, ...]) -> ConversationRecord:
-    conversation_id, user_id, data, count, updated = row
-    return ConversationRecord(
-        conversation_id,
-        user_id,
-        decode(data, "conversations", conversation_id, "conversation_data"),
-        count,
-        _time.parse(updated) if updated else None,
-    )
-
-
-def _task(row: tuple[Any, ...]) -> TaskRecord:
-    task_id, user_id, conversation_id, query, data, version, runner, updated = row
-    return TaskRecord(
-        task_id,
-        user_id,
-        conversation_id,
-        query,
-        decode(data, "task_workspaces", task_id, "workspace_data"),
-        version,
-        runner,
-        _time.parse(updated) if updated else None,
-    )
+        raise missing(no_conversation(conversation_id, user_id))
+    return conversation_record(row)
 
 
 def _check_version(db: sqlite3.Connection, batch: SaveBatch) -> int:
@@ -636,7 +596,7 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
         (count, stamp, batch.conversation_id, batch.user_id),
     ).fetchone()
     if row is None:
-        raise NotFoundError(_no_conversation(batch.conversation_id, batch.user_id))
+        raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
     first = row[0] - count + 1
     for offset, message in enumerate(batch.messages):
         message["seq"] = first + offset
