@@ -208,7 +208,7 @@ class Agent:
         state, resumed = await open_task(runner)
         ex, usage, error = state.execution, Usage(), None
         task = state.task_id
-        recorded = _recorded_results(ex.messages, task)
+        recorded = _recorded_results(ex.messages, task) if resumed else {}
         saving: asyncio.Future[None] | None = None
 
         async def save() -> None:
