@@ -77,25 +77,40 @@ def chat_messages(history: Sequence[dict[str, Any]], budget: int) -> list[Messag
     The newest message is always kept. Tool calls and results appear as the model's own
     action message and a user message marked as tool data.
     """
-    # Runs every iteration over the whole window: cost first, and a chat dict only when kept.
+    # Runs every iteration over the whole window, so each message keeps its chat form (under
+    # CHAT_KEY; stored messages never change) and the common case (all fits) is two passes.
+    chats = [message.get(CHAT_KEY) or _remember_chat(message) for message in history]
+    costs = [
+        (m["tokens"] if m.get("tokens") is not None else count_tokens(m["content"]))
+        + (8 + TOOL_FRAME_TOKENS if m["role"] == "tool" else 8)
+        for m in history
+    ]
+    if sum(costs) <= budget:
+        return chats
     picked: list[Message] = []
     used = 0
-    for message in reversed(history):
-        role = message["role"]
-        tokens = message.get("tokens")
-        if tokens is None:
-            tokens = count_tokens(message["content"])
-        cost = tokens + (8 + TOOL_FRAME_TOKENS if role == "tool" else 8)
+    for chat, cost in zip(reversed(chats), reversed(costs)):
         if picked and used + cost > budget:
             break
         used += cost
-        if role == "tool":
-            picked.append({"role": "user", "content": render_tool_message(message["content"])})
-        else:
-            picked.append({"role": "assistant" if role == "assistant" else "user",
-                           "content": message["content"]})
+        picked.append(chat)
     picked.reverse()
     return picked
+
+
+CHAT_KEY = "_chat"
+
+
+def _remember_chat(message: dict[str, Any]) -> Message:
+    chat = message[CHAT_KEY] = _chat(message)
+    return chat
+
+
+def _chat(message: dict[str, Any]) -> Message:
+    if message["role"] == "tool":
+        return {"role": "user", "content": render_tool_message(message["content"])}
+    return {"role": "assistant" if message["role"] == "assistant" else "user",
+            "content": message["content"]}
 
 
 def render_tool_message(content: str) -> str:
