@@ -363,3 +363,12 @@ async def test_list_tasks_and_conversations_are_scoped_by_user(any_store, raw):
     assert (task.user_id, task.conversation_id, task.query, task.version) == (
         "bob", b1.conversation.conversation_id, "b1", 1,
     )
+
+
+async def test_a_query_with_a_lone_surrogate_is_stored_with_it_replaced(any_store, raw):
+    # Text decoded with errors="surrogateescape" (or a model's "\ud800") reaches the query;
+    # neither SQLite nor PostgreSQL can store it, so the character is replaced, not the task lost.
+    state = await State.start_task("bad \ud800 query", "alice", store=any_store)
+    assert "\ud800" not in state.query and state.query.startswith("bad ")
+    rows = await raw("SELECT query FROM task_workspaces WHERE task_id = ?", state.task_id)
+    assert rows == [(state.query,)]

@@ -94,5 +94,8 @@ def scrub_surrogates(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return _SURROGATE.sub("\ufffd", text)  # one U+FFFD per lone surrogate
     return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")

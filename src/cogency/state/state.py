@@ -73,6 +73,7 @@ class State:
         check_id(user_id, "user_id")
         if not isinstance(query, str):
             raise UsageError("query must be a string")
+        query = scrub_surrogates(query)  # no database can store a lone surrogate
         if conversation_id is not None:
             check_id(conversation_id, "conversation_id")
         store, owned = _resolve_store(store)
