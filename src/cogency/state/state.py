@@ -97,13 +97,10 @@ class State:
             ),
             conversation.to_dict(),
             first,
+            history_tokens,
         )
         state._saved_workspace = state.workspace.to_dict()
-        history = first
-        if record.message_count > len(first):
-            history = await store.load_messages(
-                record.conversation_id, user_id, token_budget=history_tokens
-            )
+        history = record.recent if record.recent is not None else first
         state.conversation = _conversation_from(record, history)
         state.execution.messages = list(history)
         return state

@@ -39,13 +39,17 @@ class TaskRecord:
 
 @dataclass
 class ConversationRecord:
-    """One row of ``conversations``; messages are read separately, windowed."""
+    """One row of ``conversations``; messages are read separately, windowed.
+
+    ``recent`` holds the newest messages when :meth:`Store.begin_task` was asked for them.
+    """
 
     conversation_id: str
     user_id: str
     data: dict[str, Any]
     message_count: int = 0
     updated_at: datetime | None = None
+    recent: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -79,10 +83,12 @@ class Store(Protocol):
         task: TaskRecord,
         conversation_data: dict[str, Any],
         messages: Sequence[dict[str, Any]] = (),
+        history_tokens: int | None = None,
     ) -> ConversationRecord:
         """Ensure the profile row, open or create the conversation, insert the workspace
         (held by ``task.runner`` when set, as :meth:`claim_task` would) and append
-        ``messages``, all in one transaction."""
+        ``messages``, all in one transaction. With ``history_tokens``, the record's ``recent``
+        holds the newest messages within that budget (``messages`` included)."""
         ...
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord: ...

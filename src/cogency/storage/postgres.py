@@ -620,6 +620,7 @@ class PostgresStore:
         task: TaskRecord,
         conversation_data: dict[str, Any],
         messages: Sequence[dict[str, Any]] = (),
+        history_tokens: int | None = None,
     ) -> ConversationRecord:
         driver = _driver()
 
@@ -676,6 +677,10 @@ class PostgresStore:
         conversation = await self._use("starting a task", work)
         if task.runner is not None:  # the runner column is set; take the lease lock too
             await self.claim_task(task.task_id, task.user_id, task.runner)
+        if history_tokens is not None:
+            conversation.recent = await self.load_messages(
+                task.conversation_id, task.user_id, token_budget=history_tokens
+            )
         return conversation
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:

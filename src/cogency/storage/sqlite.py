@@ -325,6 +325,7 @@ class SQLiteStore:
         task: TaskRecord,
         conversation_data: dict[str, Any],
         messages: Sequence[dict[str, Any]] = (),
+        history_tokens: int | None = None,
     ) -> ConversationRecord:
         def work(db: sqlite3.Connection) -> ConversationRecord:
             stamp = _time.now().isoformat()
@@ -357,6 +358,8 @@ class SQLiteStore:
                                   task.version, list(messages))
                 _append(db, batch, stamp)
                 conversation.message_count += len(messages)
+            if history_tokens is not None:
+                conversation.recent = self._windows.load(db, conversation, history_tokens)
             return conversation
 
         return await self._run(self._write(work))
