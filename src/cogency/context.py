@@ -8,6 +8,7 @@ messages, the oldest left out first when the model's window is full.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,19 +78,15 @@ def chat_messages(history: Sequence[dict[str, Any]], budget: int) -> list[Messag
     The newest message is always kept. Tool calls and results appear as the model's own
     action message and a user message marked as tool data.
     """
-    # Runs every iteration over the whole window, so each message keeps its chat form (under
-    # CHAT_KEY; stored messages never change) and the common case (all fits) is two passes.
-    chats = [message.get(CHAT_KEY) or _remember_chat(message) for message in history]
-    costs = [
-        (m["tokens"] if m.get("tokens") is not None else count_tokens(m["content"]))
-        + (8 + TOOL_FRAME_TOKENS if m["role"] == "tool" else 8)
-        for m in history
-    ]
-    if sum(costs) <= budget:
-        return chats
+    # Runs every iteration over the whole window, so each message keeps its chat form and its
+    # cost (under CHAT_KEY; stored messages never change): the common case, everything fits,
+    # is one pass in Python and two in C.
+    memo = [message.get(CHAT_KEY) or _remember(message) for message in history]
+    if sum(map(_COST, memo)) <= budget:
+        return list(map(_CHAT, memo))
     picked: list[Message] = []
     used = 0
-    for chat, cost in zip(reversed(chats), reversed(costs)):
+    for chat, cost in reversed(memo):
         if picked and used + cost > budget:
             break
         used += cost
@@ -99,11 +96,16 @@ def chat_messages(history: Sequence[dict[str, Any]], budget: int) -> list[Messag
 
 
 CHAT_KEY = "_chat"
+_CHAT, _COST = operator.itemgetter(0), operator.itemgetter(1)
 
 
-def _remember_chat(message: dict[str, Any]) -> Message:
-    chat = message[CHAT_KEY] = _chat(message)
-    return chat
+def _remember(message: dict[str, Any]) -> tuple[Message, int]:
+    tokens = message.get("tokens")
+    if tokens is None:
+        tokens = count_tokens(message["content"])
+    cost = tokens + (8 + TOOL_FRAME_TOKENS if message["role"] == "tool" else 8)
+    memo = message[CHAT_KEY] = (_chat(message), cost)
+    return memo
 
 
 def _chat(message: dict[str, Any]) -> Message:
