@@ -104,3 +104,26 @@ def raw_write(any_store: object, raw):
         await raw(sql, *params)  # a server session commits each statement on its own
 
     return server_write
+
+
+# -- PostgreSQL only --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def pg() -> AsyncIterator[object]:
+    """A PostgresStore on a fresh, uniquely named database (dropped after the test)."""
+    import pgutil
+
+    async with pgutil.fresh_store() as store:
+        yield store
+
+
+@pytest.fixture
+async def observer(pg: object) -> AsyncIterator[object]:
+    """A plain asyncpg connection to ``pg``'s database, outside the store."""
+    import pgutil
+
+    await pg.list_tasks()  # type: ignore[attr-defined]  # creates the schema
+    connection = await pgutil.connect(pg.dsn)  # type: ignore[attr-defined]
+    yield connection
+    await connection.close()

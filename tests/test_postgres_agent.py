@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pgutil
 import pytest
@@ -28,21 +26,6 @@ def call(name, **args):
 def lookup(key: str) -> str:
     """Look a key up."""
     return f"value of {key}"
-
-
-@pytest.fixture
-async def pg() -> AsyncIterator[PostgresStore]:
-    async with pgutil.fresh_store() as store:
-        yield store
-
-
-@pytest.fixture
-async def observer(pg: PostgresStore) -> AsyncIterator[Any]:
-    """A plain connection to the store's database, outside the store."""
-    await pg.list_tasks()  # creates the schema
-    connection = await pgutil.connect(pg.dsn)
-    yield connection
-    await connection.close()
 
 
 async def messages(store: PostgresStore, conversation_id: str) -> list[tuple[int, str, str]]:

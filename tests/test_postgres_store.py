@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +23,6 @@ from cogency.memory import Profile
 from cogency.state import State, add_message, autosave
 from cogency.storage import PostgresStore, SQLiteStore, open_store
 from cogency.storage.base import MIGRATION_NAMES, new_runner
-
-
-@pytest.fixture
-async def pg() -> AsyncIterator[PostgresStore]:
-    async with pgutil.fresh_store() as store:
-        yield store
-
-
-@pytest.fixture
-async def observer(pg: PostgresStore) -> AsyncIterator[Any]:
-    """A plain connection to the store's database, outside the store."""
-    await pg.list_tasks()  # creates the schema
-    connection = await pgutil.connect(pg.dsn)
-    yield connection
-    await connection.close()
 
 
 # -- opening --------------------------------------------------------------------------------
