@@ -372,3 +372,15 @@ async def test_a_query_with_a_lone_surrogate_is_stored_with_it_replaced(any_stor
     assert "\ud800" not in state.query and state.query.startswith("bad ")
     rows = await raw("SELECT query FROM task_workspaces WHERE task_id = ?", state.task_id)
     assert rows == [(state.query,)]
+
+
+async def test_a_continued_conversation_knows_when_it_was_last_written(any_store):
+    first = await State.start_task("q", "alice", store=any_store)
+    add_message(first, "assistant", "an answer")
+    await first.complete_task()
+    stored = (await any_store.load_conversation(first.conversation.conversation_id, "alice"))
+    later = await State.start_task("q2", "alice", first.conversation.conversation_id,
+                                   store=any_store)
+    assert stored.updated_at is not None
+    assert later.conversation.last_updated >= stored.updated_at
+    assert later.conversation.last_updated >= later.conversation.created_at

@@ -236,7 +236,8 @@ def _conversation_from(
     record: ConversationRecord, history: list[dict[str, Any]]
 ) -> Conversation:
     # The row's key and owner win over whatever its JSON says (seed-era rows may lack them).
-    data = {**record.data, "conversation_id": record.conversation_id, "user_id": record.user_id}
+    data = {**record.data, "conversation_id": record.conversation_id, "user_id": record.user_id,
+            "last_updated": record.updated_at}  # the row's updated_at: its last message
     try:
         return Conversation.from_dict(data, history)
     except (TypeError, ValueError) as exc:
