@@ -7,6 +7,7 @@ works from the core install, with no extra dependency.
     cogency run "query" [--user U] [--conversation C] [--llm L] [--tools files,shell,http]
     cogency resume TASK_ID
     cogency tasks | conversations [show ID] | profile show|forget USER
+    cogency serve [--db URL] [--llm L] [--port P] | keys create|list|revoke  (server/commands.py)
 
 Errors print one line (``error: …``) on stderr and exit 1 (``--debug`` adds the traceback);
 Ctrl-C exits 130 and leaves the task resumable.
@@ -414,6 +415,9 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument("action", choices=["show", "forget"])
     profile.add_argument("user_id")
     profile.set_defaults(handler=_profile)
+    from .server.commands import add_commands  # `serve` and `keys`
+
+    add_commands(commands, common)
     return parser
 
 

@@ -5,7 +5,8 @@
     │   └── ConfigurationError  something must be installed or set first
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
-    │   └── TaskRunningError    the task is being run by another runner
+    │   ├── TaskRunningError    the task is being run by another runner
+    │   └── ConversationBusyError  the conversation has a run in flight (``cogency serve``)
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
@@ -46,6 +47,10 @@ class ConflictError(CogencyError):
 
 class TaskRunningError(ConflictError):
     """The task is being run right now by another runner."""
+
+
+class ConversationBusyError(ConflictError):
+    """The conversation has a run in flight; one run at a time per conversation."""
 
 
 class StorageError(CogencyError):
@@ -112,6 +117,7 @@ __all__ = [
     "CogencyError",
     "ConfigurationError",
     "ConflictError",
+    "ConversationBusyError",
     "CorruptDataError",
     "InvalidResponseError",
     "LLMError",

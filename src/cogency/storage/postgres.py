@@ -23,6 +23,7 @@ from ..errors import (
     CogencyError,
     ConfigurationError,
     ConflictError,
+    ConversationBusyError,
     NotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -33,9 +34,12 @@ from ..errors import (
 from ..memory.profile import Profile
 from .base import (
     MIGRATION_NAMES,
+    ApiKeyRecord,
     ConversationRecord,
     SaveBatch,
     TaskRecord,
+    api_key_record,
+    busy_conversation,
     conversation_record,
     decode,
     decode_profile,
@@ -186,10 +190,30 @@ async def _m003_task_workspace_columns(db: asyncpg.Connection) -> None:
         )
 
 
+async def _m007_service(db: asyncpg.Connection) -> None:
+    # The HTTP service (`cogency serve`): its API keys. Which conversation has a run is a
+    # session advisory lock here (SQLite keeps a conversation_runs table instead): it dies
+    # with the replica that held it.
+    await db.execute(
+        """
+        CREATE TABLE api_keys (
+            key_id TEXT PRIMARY KEY,             -- the key's public part, shown by `keys list`
+            user_id TEXT NOT NULL,               -- every request with the key acts as this user
+            key_hash TEXT NOT NULL,              -- SHA-256 of the secret part; never the key
+            name TEXT NOT NULL DEFAULT '',
+            created_at TIMESTAMPTZ NOT NULL,
+            revoked_at TIMESTAMPTZ               -- set by `keys revoke`: the key stops working
+        );
+        CREATE INDEX api_keys_by_user ON api_keys(user_id);
+        """
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
+    ("m007_service", _m007_service),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -285,6 +309,8 @@ class PostgresStore:
         self._lease_lock: asyncio.Lock | None = None
         self._leases: dict[str, str] = {}
         """task_id -> runner of the tasks this store holds an advisory lock for."""
+        self._holds: dict[str, str] = {}
+        """conversation_id -> runner of the conversations held (``hold_conversation``)."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -367,6 +393,7 @@ class PostgresStore:
         self._pool = None
         self._lease_db = None
         self._leases.clear()
+        self._holds.clear()
 
     async def _use(
         self,
@@ -506,6 +533,7 @@ class PostgresStore:
         pool, lease_db = self._pool, self._lease_db
         self._pool, self._lease_db = None, None
         self._leases.clear()
+        self._holds.clear()
         try:
             if lease_db is not None and not lease_db.is_closed():
                 await lease_db.close(timeout=5)  # closing the session frees its advisory locks
@@ -520,6 +548,7 @@ class PostgresStore:
             return self._lease_db
         asyncpg = _driver()
         self._leases.clear()  # locks die with the session that held them
+        self._holds.clear()
         try:
             db = await asyncpg.connect(
                 self.dsn, timeout=self.connect_timeout,
@@ -535,6 +564,7 @@ class PostgresStore:
         if db is self._lease_db:
             self._lease_db = None
             self._leases.clear()
+            self._holds.clear()
 
     async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
         await self._ready()
@@ -612,6 +642,98 @@ class PostgresStore:
                 await self._lease_db.fetchval("SELECT pg_advisory_unlock($1)", _lease_key(task_id))
             except Exception as exc:
                 raise self._error(exc, "releasing a task") from exc
+
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+        await self._ready()
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            holder = self._holds.get(conversation_id)
+            if holder == runner:
+                return
+            if holder is not None:  # advisory locks nest within a session: check here first
+                raise ConversationBusyError(busy_conversation(conversation_id))
+            db = await self._lease_connection()
+            try:
+                # NULL: another user's conversation (it must look "not found", not "busy").
+                got = await db.fetchval(
+                    "SELECT CASE WHEN EXISTS (SELECT 1 FROM conversations WHERE "
+                    "conversation_id = $2 AND user_id <> $3) THEN NULL "
+                    "ELSE pg_try_advisory_lock($1) END",
+                    _lease_key(conversation_id, "conversation"), conversation_id, user_id,
+                )
+            except Exception as exc:
+                raise self._error(exc, "holding a conversation") from exc
+            if got is None:
+                raise NotFoundError(no_conversation(conversation_id, user_id))
+            if not got:
+                raise ConversationBusyError(busy_conversation(conversation_id))
+            self._holds[conversation_id] = runner
+
+    async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        await self._ready()
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            if self._holds.get(conversation_id) != runner:
+                return
+            del self._holds[conversation_id]
+            if self._lease_db is None or self._lease_db.is_closed():
+                return  # the session is gone, and its locks with it
+            try:
+                await self._lease_db.fetchval(
+                    "SELECT pg_advisory_unlock($1)", _lease_key(conversation_id, "conversation")
+                )
+            except Exception as exc:
+                raise self._error(exc, "releasing a conversation") from exc
+
+    # -- API keys -------------------------------------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRecord) -> None:
+        driver = _driver()
+
+        async def work(db: asyncpg.Connection) -> None:
+            try:
+                await db.execute(
+                    "INSERT INTO api_keys (key_id, user_id, key_hash, name, created_at) "
+                    "VALUES ($1, $2, $3, $4, $5)",
+                    key.key_id, key.user_id, key.key_hash, key.name,
+                    key.created_at or _time.now(),
+                )
+            except driver.exceptions.UniqueViolationError as exc:
+                raise ConflictError(f"an API key {key.key_id!r} exists already") from exc
+
+        await self._use("creating an API key", work)
+
+    async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        async def work(db: asyncpg.Connection) -> ApiKeyRecord | None:
+            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+            return None if row is None else api_key_record(row)
+
+        return await self._read("checking an API key", work)
+
+    async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
+        async def work(db: asyncpg.Connection) -> list[ApiKeyRecord]:
+            if user_id is None:
+                rows = await db.fetch(_SELECT_KEYS + " ORDER BY created_at, key_id")
+            else:
+                rows = await db.fetch(
+                    _SELECT_KEYS + " WHERE user_id = $1 ORDER BY created_at, key_id", user_id
+                )
+            return [api_key_record(row) for row in rows]
+
+        return await self._read("listing API keys", work)
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        async def work(db: asyncpg.Connection) -> ApiKeyRecord:
+            await db.execute(
+                "UPDATE api_keys SET revoked_at = $2 WHERE key_id = $1 AND revoked_at IS NULL",
+                key_id, _time.now(),
+            )
+            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+            if row is None:
+                raise NotFoundError(f"no API key {key_id!r} (`cogency keys list` lists them)")
+            return api_key_record(row)
+
+        return await self._use("revoking an API key", work)
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -940,6 +1062,9 @@ async def _append(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> 
         message["seq"] = first + offset
 
 
+_SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
+
+
 # PostgreSQL text cannot hold NUL, which SQLite stores (a model may emit "\u0000"). Text with
 # NUL is stored with it escaped; the escape character is escaped too, so the mapping is
 # reversible, and text holding neither (nearly all of it) is stored verbatim.
@@ -959,9 +1084,11 @@ def _get_text(text: str) -> str:
     return _ESCAPED.sub(lambda match: "\x00" if match.group(1) == "0" else _ESCAPE, text)
 
 
-def _lease_key(task_id: str) -> int:
-    """A signed 64-bit advisory-lock key for ``task_id`` (collisions: ~1 in 2**64)."""
-    digest = hashlib.blake2b(b"cogency.task\0" + task_id.encode(), digest_size=8).digest()
+def _lease_key(task_id: str, kind: str = "task") -> int:
+    """A signed 64-bit advisory-lock key for a task (or a conversation: ``kind``)."""
+    digest = hashlib.blake2b(
+        f"cogency.{kind}\0".encode() + task_id.encode(), digest_size=8
+    ).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 
