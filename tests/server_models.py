@@ -3,6 +3,7 @@
 An endless script whose reply depends on the query, so many users can talk to one server:
 
 - ``gate:PATH …`` waits until the file PATH exists, then answers (a run held in flight);
+- ``nudge:PATH …`` makes no progress (an unfinished task) until the file PATH exists;
 - ``tool …`` lists the files (``--tools files``) and then answers; with
   ``$COGENCY_TEST_HANG_AFTER_TOOL`` set, it never answers after the tool (a replica to kill);
 - anything else is answered ``echo: QUERY``.
@@ -33,6 +34,10 @@ async def _reply(messages):
         while not gate.exists():
             await asyncio.sleep(0.02)
         return {"response": f"opened: {query}"}
+    if query.startswith("nudge:"):
+        if not Path(query.split()[0][len("nudge:"):]).exists():
+            return {"understanding": "waiting for a nudge"}
+        return {"response": f"nudged: {query}"}
     if query.startswith("tool"):
         if not after_tool:
             return {"understanding": "listing", "actions": [{"name": "file_list", "args": {}}]}
