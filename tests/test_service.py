@@ -5,7 +5,6 @@ from __future__ import annotations
 import sqlite3
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 

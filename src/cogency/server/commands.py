@@ -165,10 +165,24 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             print(f"cogency serve: listening on http://{_url_host(host)}:{port} "
                   f"(model {agent.llm.name}, database {_where(store)}); API docs at /docs",
                   flush=True)
-            await uvicorn.Server(config).serve(sockets=[listener])
+            await _server_class()(config).serve(sockets=[listener])
     finally:
         await store.close()
     return 0
+
+
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Stops on SIGTERM/SIGINT like uvicorn, without re-raising the signal afterwards:
+        the agent and the store still close, and the exit status is 0."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return Server
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -650,16 +650,16 @@ class PostgresStore:
             holder = self._holds.get(conversation_id)
             if holder == runner:
                 return
-            if holder is not None:  # advisory locks nest within a session: check here first
-                raise ConversationBusyError(busy_conversation(conversation_id))
             db = await self._lease_connection()
             try:
                 # NULL: another user's conversation (it must look "not found", not "busy").
+                # Advisory locks nest within a session, so one this store holds is busy here.
                 got = await db.fetchval(
                     "SELECT CASE WHEN EXISTS (SELECT 1 FROM conversations WHERE "
                     "conversation_id = $2 AND user_id <> $3) THEN NULL "
-                    "ELSE pg_try_advisory_lock($1) END",
+                    "WHEN $4 THEN false ELSE pg_try_advisory_lock($1) END",
                     _lease_key(conversation_id, "conversation"), conversation_id, user_id,
+                    holder is not None,
                 )
             except Exception as exc:
                 raise self._error(exc, "holding a conversation") from exc
