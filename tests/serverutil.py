@@ -37,13 +37,20 @@ class Server:
                    "--port", "0", "--root", str(tmp), *args]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, env=env(**(extra_env or {})), cwd=tmp)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        found = re.search(r"listening on (http://\S+)", line)
-        if not found:
-            self.proc.kill()
-            raise AssertionError(f"the server did not start: {line!r}\n{self.log()}")
-        self.url = found.group(1)
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's base URL, once it listens (servers started together start in parallel)."""
+        if self._url is None:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()
+            found = re.search(r"listening on (http://\S+)", line)
+            if not found:
+                self.proc.kill()
+                raise AssertionError(f"the server did not start: {line!r}\n{self.log()}")
+            self._url = found.group(1)
+        return self._url
 
     def log(self) -> str:
         self._log.flush()
