@@ -21,7 +21,7 @@ import stat
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -546,7 +546,9 @@ def _matcher(pattern: str, regex: bool, deadline: float) -> Callable[[str], bool
     return matches
 
 
-def _walk(top: int, max_depth: int, too_deep: list[str]) -> Iterator[tuple[str, int, list[str]]]:
+def _walk(
+    top: int, max_depth: int, too_deep: list[str]
+) -> Generator[tuple[str, int, list[str]], None, None]:
     """``(path, fd, file names)`` of each directory under the open directory ``top``, depth
     first in name order, with a stack instead of recursion (``os.fwalk`` recursed: a tree 1,200
     levels deep raised ``RecursionError``). Symlinks are never followed; directories deeper
@@ -588,7 +590,8 @@ def _walk(top: int, max_depth: int, too_deep: list[str]) -> Iterator[tuple[str, 
 
 def _entries(fd: int) -> tuple[list[str], list[str]]:
     """The sorted non-directory, non-symlink names and directory names in the directory ``fd``."""
-    files, dirs = [], []
+    files: list[str] = []
+    dirs: list[str] = []
     try:
         with os.scandir(fd) as entries:
             for entry in entries:
