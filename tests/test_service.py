@@ -291,3 +291,22 @@ def test_the_log_holds_no_key_query_or_answer(service):
         assert key not in log and key.split("_")[2] not in log
     assert SECRET_QUERY not in log
     assert "echo:" not in log
+
+
+def test_a_client_that_leaves_does_not_stop_its_run(service):
+    server, keys, db, tmp = service
+    gate = tmp / f"gate-{uuid.uuid4().hex}"
+    with server.client(keys["alice"]) as alice:
+        with alice.stream("POST", "/api/runs", json={"query": f"gate:{gate} left",
+                                                     "stream": True}) as r:
+            start = next(sse_events(r))
+        # the connection is closed; the run goes on and its answer is stored
+        gate.touch()
+        conversation = start["conversation_id"]
+        from serverutil import wait_for
+
+        wait_for(lambda: len(alice.get(f"/api/conversations/{conversation}/messages").json()) == 2)
+        answer = alice.get(f"/api/conversations/{conversation}/messages").json()[-1]
+    assert answer["content"] == f"opened: gate:{gate} left"
+    assert rows(db, "SELECT COUNT(*) FROM task_workspaces WHERE task_id = ?",
+                start["task_id"]) == [(0,)]
