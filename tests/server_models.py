@@ -6,6 +6,7 @@ An endless script whose reply depends on the query, so many users can talk to on
 - ``nudge:PATH …`` makes no progress (an unfinished task) until the file PATH exists;
 - ``tool …`` lists the files (``--tools files``) and then answers; with
   ``$COGENCY_TEST_HANG_AFTER_TOOL`` set, it never answers after the tool (a replica to kill);
+- ``recall`` is answered with the first user message the model was sent (the history);
 - anything else is answered ``echo: QUERY``.
 
 ``$COGENCY_TEST_DELAY`` seconds are spent on every call (the benchmark's model latency).
@@ -34,6 +35,9 @@ async def _reply(messages):
         while not gate.exists():
             await asyncio.sleep(0.02)
         return {"response": f"opened: {query}"}
+    if query == "recall":
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        return {"response": f"you said: {first}"}
     if query.startswith("nudge:"):
         if not Path(query.split()[0][len("nudge:"):]).exists():
             return {"understanding": "waiting for a nudge"}
@@ -48,4 +52,4 @@ async def _reply(messages):
 
 
 def agent() -> ScriptedLLM:
-    return ScriptedLLM(itertools.repeat(_reply))
+    return ScriptedLLM(itertools.repeat(_reply), count_usage=True)

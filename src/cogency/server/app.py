@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..agent import Agent
-from . import errors, routes
+from . import errors, openai_api, page, routes
 from .errors import RequestTooLarge, error_body
 from .runs import Runs
 
@@ -58,6 +58,8 @@ def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(openai_api.router)
+    app.include_router(page.router)
 
     @app.get("/health", summary="Liveness (no key needed)", tags=["service"])
     async def health() -> dict[str, Any]:

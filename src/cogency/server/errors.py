@@ -39,6 +39,16 @@ class ServiceError(CogencyError):
         self.headers = headers
 
 
+class Unsupported(ServiceError):
+    """A request field Cogency cannot honour (never silently ignored)."""
+
+    kind = "unsupported_parameter"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class Unauthorized(ServiceError):
     status, kind = 401, "unauthorized"
 
@@ -81,6 +91,24 @@ def error_body(kind: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"type": kind, "message": message, **extra}}
 
 
+def _openai_body(status: int, kind: str, message: str, param: str | None) -> dict[str, Any]:
+    """OpenAI's error shape, for the ``/v1`` routes that its clients call."""
+    family = ("authentication_error" if status == 401 else "rate_limit_error" if status == 429
+              else "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": family, "param": param, "code": kind}}
+
+
+def respond(request: Request, status: int, kind: str, message: str, *,
+            param: str | None = None, headers: dict[str, str] | None = None,
+            **extra: Any) -> JSONResponse:
+    """The error response: OpenAI's shape under ``/v1``, the service's own elsewhere."""
+    if request.url.path.startswith("/v1/"):
+        return JSONResponse(_openai_body(status, kind, message, param), status, headers=headers)
+    if param is not None:
+        extra["param"] = param
+    return JSONResponse(error_body(kind, message, **extra), status, headers=headers)
+
+
 def install(app: Any) -> None:
     """Register the handlers that turn every error into a JSON body."""
 
@@ -90,7 +118,8 @@ def install(app: Any) -> None:
         if status >= 500:
             log.warning("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
         headers = exc.headers if isinstance(exc, ServiceError) else None
-        return JSONResponse(error_body(kind, str(exc)), status, headers=headers)
+        return respond(request, status, kind, str(exc), headers=headers,
+                       param=getattr(exc, "param", None))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -101,16 +130,19 @@ def install(app: Any) -> None:
         ]
         first = problems[0] if problems else {"where": "body", "problem": "invalid"}
         message = f"{first['where']}: {first['problem']}"
-        return JSONResponse(error_body("invalid_request", message, details=problems), 422)
+        if request.url.path.startswith("/v1/"):  # OpenAI answers 400 to a malformed request
+            return respond(request, 400, "invalid_request", message,
+                           param=first["where"].removeprefix("body."))
+        return respond(request, 422, "invalid_request", message, details=problems)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(kind, str(exc.detail)), exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return respond(request, exc.status_code, kind, str(exc.detail),
+                       headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s: unexpected %s", request.method, request.url.path,
                   type(exc).__name__, exc_info=exc)
-        return JSONResponse(error_body("internal", "internal server error"), 500)
+        return respond(request, 500, "internal", "internal server error")
