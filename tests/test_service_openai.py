@@ -89,9 +89,15 @@ def test_responses_chain_and_survive_a_restart(served, tmp_path):
     assert "response.output_text.delta" in kinds
     assert final.output_text == "echo: streamed"
     # bob cannot continue alice's conversation by naming her response
+    bob = client(state["server"], keys["bob"])
     with pytest.raises(openai.NotFoundError):
-        client(state["server"], keys["bob"]).responses.create(
-            model="cogency", input="recall", previous_response_id=final.id)
+        bob.responses.create(model="cogency", input="recall", previous_response_id=final.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.chat.completions.create(
+            model="cogency", metadata={"conversation_id": final.metadata["conversation_id"]},
+            messages=[{"role": "user", "content": "recall"}])
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(model="cogency", input="hi", previous_response_id="resp_garbage")
     # a restart: the chain goes on from the stored conversation
     state["server"].stop()
     state["server"] = Server(db, tmp, name="restarted")
