@@ -5,10 +5,11 @@
    time. The model is scripted and answers every call after 50 ms. Configurations: SQLite with
    one server, PostgreSQL with one replica, PostgreSQL with two replicas (users spread over
    them). Reported per configuration and user count: requests/s, p50 and p99 latency.
-2. The server's own cost: one client, sequential runs, with an instant model, through HTTP and
-   straight through ``Agent.run`` on the same kind of store in this process; the difference of
-   the medians is what the HTTP layer (auth, JSON, the run manager, the conversation hold)
-   adds per request.
+2. The server's own cost: one client, sequential runs, with an instant model, three ways
+   alternated: straight through ``Agent.run``, through the app in this process (ASGI, no
+   socket), and over loopback HTTP to a ``cogency serve`` process. The difference of the first
+   two medians is what the service (auth, JSON, the run manager, the conversation hold) adds
+   per request; the third adds the client, the socket and a second process.
 
 The machine has 2 cores shared with other work: absolute figures are noisy; compare figures
 from one run.
@@ -168,39 +169,56 @@ async def load(users_levels: list[int], seconds: float, workdir: str) -> None:
 
 
 async def overhead(count: int, workdir: str) -> None:
-    print(f"\n2. the server's own cost: an instant model, one client, {count} runs each way "
-          "(medians)")
-    db = str(Path(workdir) / "overhead.db")
+    print(f"\n2. the server's own cost: an instant model, one client, {count} runs each way, "
+          "alternated (medians)")
+    from cogency.server import create_app
+
+    db, app_db = str(Path(workdir) / "overhead.db"), str(Path(workdir) / "app.db")
     [key] = await _keys(db, 1)
+    [app_key] = await _keys(app_db, 1)
     server = _Server(db, 0.0, workdir)
+    headers = {"Authorization": f"Bearer {key}"}
+    timings: dict[str, list[float]] = {"http": [], "asgi": [], "direct": []}
+    cpu: dict[str, list[float]] = {"asgi": [], "direct": []}
     try:
-        timings: dict[str, list[float]] = {"http": [], "direct": []}
-        async with httpx.AsyncClient(base_url=server.url, timeout=60,
-                                     headers={"Authorization": f"Bearer {key}"}) as client:
-            direct_db = str(Path(workdir) / "direct.db")
-            async with Agent(llm=model_instant(), store=direct_db) as agent:
-                http_conversation = direct_conversation = None
-                for _ in range(count):  # alternated, so load on the machine hits both alike
-                    began = time.perf_counter()
-                    body: dict[str, Any] = {"query": "hello"}
-                    if http_conversation:
-                        body["conversation_id"] = http_conversation
-                    answer = await client.post("/api/runs", json=body)
-                    http_conversation = answer.json()["conversation_id"]
-                    timings["http"].append(time.perf_counter() - began)
-                    began = time.perf_counter()
-                    result = await agent.run("hello", user_id="user0",
-                                             conversation_id=direct_conversation)
-                    direct_conversation = result.conversation_id
-                    timings["direct"].append(time.perf_counter() - began)
-        http_p50 = statistics.median(timings["http"][5:]) * 1000
-        direct_p50 = statistics.median(timings["direct"][5:]) * 1000
-        print(f"through HTTP (cogency serve, SQLite):   p50 {http_p50:.2f} ms")
-        print(f"Agent.run in this process (SQLite):     p50 {direct_p50:.2f} ms")
-        print(f"the server's own cost per request:      p50 {http_p50 - direct_p50:.2f} ms "
-              "(goal: at most 5 ms)")
+        async with Agent(llm=model_instant(), store=str(Path(workdir) / "direct.db")) as direct, \
+                Agent(llm=model_instant(), store=app_db) as served, \
+                httpx.AsyncClient(base_url=server.url, timeout=60, headers=headers) as http, \
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)),
+                                  base_url="http://asgi", timeout=60,
+                                  headers={"Authorization": f"Bearer {app_key}"}) as asgi:
+            conversations: dict[str, str | None] = {"http": None, "asgi": None, "direct": None}
+            for _ in range(count):
+                for way in ("direct", "asgi", "http"):
+                    began, began_cpu = time.perf_counter(), time.process_time()
+                    if way == "direct":
+                        result = await direct.run("hello", user_id="user0",
+                                                  conversation_id=conversations[way])
+                        conversations[way] = result.conversation_id
+                    else:
+                        body: dict[str, Any] = {"query": "hello"}
+                        if conversations[way]:
+                            body["conversation_id"] = conversations[way]
+                        client = http if way == "http" else asgi
+                        answer = await client.post("/api/runs", json=body)
+                        answer.raise_for_status()
+                        conversations[way] = answer.json()["conversation_id"]
+                    timings[way].append(time.perf_counter() - began)
+                    if way in cpu:  # this process's CPU (all its threads): robust to load
+                        cpu[way].append(time.process_time() - began_cpu)
     finally:
         server.stop()
+    p50 = {way: statistics.median(values[5:]) * 1000 for way, values in timings.items()}
+    print(f"Agent.run in this process (SQLite):            p50 {p50['direct']:6.2f} ms")
+    print(f"the app in this process (ASGI, no socket):     p50 {p50['asgi']:6.2f} ms")
+    print(f"through HTTP to `cogency serve` (loopback):    p50 {p50['http']:6.2f} ms")
+    cpu50 = {way: statistics.median(values[5:]) * 1000 for way, values in cpu.items()}
+    print(f"the server's own cost (app - Agent.run):       p50 {p50['asgi'] - p50['direct']:6.2f} ms "
+          "(goal: at most 5 ms)")
+    print(f"  in CPU time of this process: Agent.run {cpu50['direct']:.2f} ms, app "
+          f"{cpu50['asgi']:.2f} ms, difference {cpu50['asgi'] - cpu50['direct']:.2f} ms")
+    print(f"a request over loopback HTTP (http - Agent.run): p50 "
+          f"{p50['http'] - p50['direct']:6.2f} ms (client, socket and a second process too)")
 
 
 def model_instant() -> ScriptedLLM:
@@ -210,9 +228,11 @@ def model_instant() -> ScriptedLLM:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--overhead-only", action="store_true", help="only part 2")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
-        asyncio.run(load([1, 10, 50], 1.0 if args.quick else 4.0, workdir))
+        if not args.overhead_only:
+            asyncio.run(load([1, 10, 50], 1.0 if args.quick else 4.0, workdir))
         asyncio.run(overhead(30 if args.quick else 200, workdir))
 
 
