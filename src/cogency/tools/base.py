@@ -9,11 +9,12 @@ import enum
 import functools
 import inspect
 import json
+import os
 import re
 import threading
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin, overload
 
@@ -163,6 +164,19 @@ def tool(
         )
 
     return build(func) if func is not None else build
+
+
+def hide_store_files(tools: Iterable[Tool], store: Any) -> None:
+    """Give the tools that hide paths (``Tool.hide``) the files of ``store``: a SQLite file and
+    its journals. A store without a local file (PostgreSQL) has nothing to hide."""
+    path = getattr(store, "path", None)
+    if not isinstance(path, str) or not path or path == ":memory:" or path.startswith("file:"):
+        return
+    base = os.path.realpath(os.path.expanduser(path))
+    files = [base + suffix for suffix in ("", "-wal", "-shm", "-journal")]
+    for item in tools:
+        if item.hide is not None:
+            item.hide(files)
 
 
 async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[str, Any]:
