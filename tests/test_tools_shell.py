@@ -7,7 +7,9 @@ import base64
 import json
 import os
 import socket
+import subprocess
 import sqlite3
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -319,3 +321,30 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state not in (b"Z", b"X")
+
+
+@needs_sandbox
+def test_cogency_run_with_the_shell_cannot_read_its_database(tmp_path) -> None:
+    # `cogency run --tools shell` in the directory holding the database: it read every
+    # user's messages before.
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"secure": True, "actions": [{"name": "shell", "args": {
+            "command": "cat cogency.db* 2>/dev/null | wc -c; ls cogency.db"}}]},
+        {"secure": True, "response": "done", "actions": []},
+    ]))
+    seed = sqlite3.connect(tmp_path / "cogency.db")  # a row of another user, to be sure
+    seed.close()
+    env = {**os.environ, "COGENCY_TEST_SCRIPT": str(script), "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                         os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "cogency.cli", "run", "peek", "--tools", "shell",
+         "--llm", "cli_models:scripted", "--db", "cogency.db", "--json"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines() if '"result"' in line]
+    [output] = [event["output"] for event in results if event.get("type") == "result"]
+    assert output.split("\n")[1] == "0" and "sandboxed" in output
+    assert (tmp_path / "cogency.db").stat().st_size > 0
