@@ -85,26 +85,7 @@ class Tool:
         return result
 
     async def _in_thread(self, call: Callable[[], Any]) -> Any:
-        # A daemon thread per call, at most MAX_TOOL_THREADS per tool: a hung call holds only
-        # its own slot, and (unlike a pool's worker) never blocks the interpreter's exit.
-        while not self._threads.acquire(blocking=False):
-            await asyncio.sleep(0.01)  # cancelled by the time limit like any other wait
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        context = contextvars.copy_context()
-
-        def work() -> None:
-            try:
-                outcome: tuple[bool, Any] = (True, context.run(call))
-            except BaseException as exc:  # handed to the awaiting coroutine
-                outcome = (False, exc)
-            finally:
-                self._threads.release()
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(_resolve, future, outcome)
-
-        threading.Thread(target=work, name=f"cogency-tool-{self.name}", daemon=True).start()
-        return await future
+        return await in_thread(call, self._threads, f"cogency-tool-{self.name}")
 
     def _saturated(self) -> bool:
         if self._threads.acquire(blocking=False):
@@ -164,6 +145,32 @@ def tool(
         )
 
     return build(func) if func is not None else build
+
+
+async def in_thread(call: Callable[[], Any], slots: threading.BoundedSemaphore, name: str) -> Any:
+    """``call()`` in a new daemon thread once one of ``slots`` is free; its result or error.
+
+    Not the loop's shared pool: a call that hangs holds only its own slot, and (unlike a
+    pool's worker) never blocks the interpreter's exit. Cancelling the await abandons the call.
+    """
+    while not slots.acquire(blocking=False):
+        await asyncio.sleep(0.01)  # cancelled by a time limit like any other wait
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, context.run(call))
+        except BaseException as exc:  # handed to the awaiting coroutine
+            outcome = (False, exc)
+        finally:
+            slots.release()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(_resolve, future, outcome)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future
 
 
 def hide_store_files(tools: Iterable[Tool], store: Any) -> None:
