@@ -21,7 +21,7 @@ from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, c
 from .storage import open_store
 from .storage.base import Store, new_runner
 from .tokens import count_tokens
-from .tools.base import Tool, run_tools
+from .tools.base import Tool, hide_store_files, run_tools
 
 STOP_REASONS = (
     "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
@@ -89,6 +89,7 @@ class Agent:
         # A duck-typed check: isinstance() against the runtime Protocol costs more than the rest.
         self._owns_store = not _is_store(store)
         self.store: Store = cast(Store, store) if _is_store(store) else open_store(cast(str, store))
+        hide_store_files(self.tools.values(), self.store)  # e.g. the shell sandbox hides them
         if memory is True:
             memory = Memory()
         self.memory: Memory | None = memory.bind(self.store, self.llm) if memory else None

@@ -6,7 +6,7 @@ works from the core install, with no extra dependency.
 
     cogency run "query" [--user U] [--conversation C] [--llm L] [--tools files,shell,http]
     cogency resume TASK_ID
-    cogency tasks | conversations [show ID] | profile show|forget USER
+    cogency tasks [release TASK_ID --user U] | conversations [show ID] | profile show|forget USER
     cogency serve [--db URL] [--llm L] [--port P] | keys create|list|revoke  (server/commands.py)
 
 Errors print one line (``error: …``) on stderr and exit 1 (``--debug`` adds the traceback);
@@ -82,6 +82,8 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
 
 
 async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    if args.release:
+        return await _release(args)
     store = _store(args)
     try:
         tasks = await store.list_tasks(args.user)
@@ -101,6 +103,22 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         print(f"{style.bold(task.task_id)}  {task.user_id}  {_iso(task.updated_at)}  "
               f"{_clip(task.query, 60)}")
     print(style.dim("resume one with: cogency resume TASK_ID --user USER"))
+    return EXIT_OK
+
+
+async def _release(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+
+    if not args.task_id or not args.user:
+        raise UsageError("usage: cogency tasks release TASK_ID --user USER")
+    store = _store(args)
+    try:
+        runner = await store.force_release(args.task_id, args.user)
+    finally:
+        await store.close()
+    held = f" from runner {runner}" if runner else " (no runner held it)"
+    print(f"released task {args.task_id}{held}; its later writes are refused. "
+          f"Resume it with: cogency resume {args.task_id} --user {args.user}")
     return EXIT_OK
 
 
@@ -400,7 +418,12 @@ def _parser() -> argparse.ArgumentParser:
                                  help="continue an unfinished task")
     resume.add_argument("task_id")
     resume.set_defaults(handler=_run)
-    tasks = commands.add_parser("tasks", parents=[common], help="list unfinished tasks")
+    tasks = commands.add_parser(
+        "tasks", parents=[common],
+        help="list unfinished tasks, or: tasks release TASK_ID --user USER (take a task from "
+             "a runner known to be dead)")
+    tasks.add_argument("release", nargs="?", choices=["release"], help=argparse.SUPPRESS)
+    tasks.add_argument("task_id", nargs="?", help=argparse.SUPPRESS)
     tasks.add_argument("--user", help="only this user's")
     tasks.add_argument("--json", action="store_true")
     tasks.set_defaults(handler=_tasks)
