@@ -126,14 +126,18 @@ def test_sigterm_saves_a_run_that_outlasts_the_grace(tmp_path):
     [(task_id, query)] = rows(db, "SELECT task_id, query FROM task_workspaces")
     assert query == f"gate:{gate}" and seen[0]["task_id"] == task_id
     assert rows(db, "SELECT COUNT(*) FROM conversation_runs") == [(0,)]
-    # another server resumes it to its end
+    # it can be resumed to its end (here by an agent in this process)
     gate.touch()
-    again = Server(db, tmp_path, name="again")
-    try:
-        with again.client(key) as client:
-            done = client.post(f"/api/tasks/{task_id}/resume").json()
-        assert done["stop_reason"] == "completed" and done["response"].startswith("opened:")
-    finally:
-        again.stop()
+    import asyncio
+
+    from cogency import Agent
+    from server_models import agent as model
+
+    async def resume():
+        async with Agent(llm=model(), store=db) as agent:
+            return await agent.resume(task_id, user_id="alice")
+
+    done = asyncio.run(resume())
+    assert done.stop_reason == "completed" and done.response.startswith("opened:")
     assert rows(db, "SELECT role FROM conversation_messages ORDER BY seq") == [
         ("user",), ("assistant",)]
