@@ -188,8 +188,9 @@ class MCPServer:
             )
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED or not connection.alive:
+                story = connection.exit_story()  # before stopping it changes the story
                 await self._drop(connection)
-                raise ToolError(f"MCP server {self.name!r} {connection.exit_story()}") from exc
+                raise ToolError(f"MCP server {self.name!r} {story}") from exc
             raise ToolError(f"MCP server {self.name!r}: {remote_name}: {exc.message}") from exc
         except (TimeoutError, asyncio.TimeoutError) as exc:
             raise ToolError(f"MCP server {self.name!r}: {remote_name} did not answer within "
@@ -362,7 +363,7 @@ class _Connection:
             client = Client(
                 transport,
                 read_timeout_seconds=server.timeout,
-                client_info=Implementation(name="cogency", version=_version()),
+                client_info=Implementation(name="cogency", version=cogency_version()),
                 cache=None,
             )
             async with client:
@@ -445,8 +446,8 @@ async def _stdio(
                         await read_writer.send(message)
                     if len(buffer) > MAX_MESSAGE_BYTES:
                         connection.stderr.append(
-                            f"\n[cogency: a message over {MAX_MESSAGE_BYTES} bytes; "
-                            "connection closed]".encode()
+                            f"\n[cogency: it sent a message over {MAX_MESSAGE_BYTES} bytes]"
+                            .encode()
                         )
                         return
         connection.returncode = process.returncode
@@ -510,6 +511,10 @@ async def _stop_process(process: Any) -> None:
     # Children the server left in its group go too.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    # asyncio's transport would otherwise be closed at garbage collection, maybe after its loop.
+    transport = getattr(getattr(process, "_process", None), "_transport", None)
+    with contextlib.suppress(Exception):
+        transport.close()  # type: ignore[union-attr]
 
 
 def _http(url: str, headers: Mapping[str, str], timeout: float) -> Any:
@@ -660,7 +665,8 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     return out
 
 
-def _version() -> str:
+def cogency_version() -> str:
+    """The installed cogency's version (for the MCP handshake)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
