@@ -1,47 +1,65 @@
-"""An MCP server that misbehaves on request, for the failure tests (built on the SDK).
+"""An MCP server (stdio) that misbehaves on request, for the failure tests.
 
-``die`` exits mid-call, ``hang`` never answers, ``flood`` sends one message bigger than a
-client should hold; ``echo`` works (to show the server is started again after ``die``).
+Plain JSON-RPC lines rather than the SDK, so it starts in a few milliseconds: ``die`` exits
+mid-call, ``hang`` never answers, ``flood`` sends one line bigger than a client should hold;
+``say`` works (to show the server is started again after ``die``).
 """
 
-import asyncio
+import json
 import os
 import sys
+import time
 
-from mcp.server.mcpserver import MCPServer
-
-server = MCPServer(name="stub")
-PROTOCOL_OUT = os.dup(1)  # the SDK moves fd 1 away while it serves; this stays the pipe
-
-
-@server.tool()
-async def echo(text: str) -> str:
-    """Say the text back."""
-    return f"echo: {text} (pid {os.getpid()})"
-
-
-@server.tool()
-async def die() -> str:
-    """Exit in the middle of the call."""
-    sys.stderr.write("stub: dying on purpose\n")
-    sys.stderr.flush()
-    os._exit(3)
+TOOLS = [
+    {"name": "say", "description": "Say the text back.",
+     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}},
+                     "required": ["text"]}},
+    *({"name": name, "description": text, "inputSchema": {"type": "object"}} for name, text in [
+        ("die", "Exit in the middle of the call."),
+        ("hang", "Never answer."),
+        ("flood", "Write a 6 MB line with no end."),
+    ]),
+]
 
 
-@server.tool()
-async def hang() -> str:
-    """Never answer."""
-    await asyncio.sleep(3600)
-    return "never"
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
-@server.tool()
-async def flood() -> str:
-    """Write a 6 MB line to stdout (no newline), then wait."""
-    os.write(PROTOCOL_OUT, b"x" * 6_000_000)
-    await asyncio.sleep(3600)
-    return "never"
+def answer(request):
+    method, params = request["method"], request.get("params") or {}
+    if method == "initialize":
+        return {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                "capabilities": {"tools": {}}, "serverInfo": {"name": "stub", "version": "1"}}
+    if method == "tools/list":
+        return {"tools": TOOLS}
+    if method == "tools/call":
+        name, args = params["name"], params.get("arguments") or {}
+        if name == "say":
+            return {"content": [{"type": "text", "text": f"said: {args['text']} "
+                                                         f"(pid {os.getpid()})"}]}
+        if name == "die":
+            sys.stderr.write("stub: dying on purpose\n")
+            sys.stderr.flush()
+            os._exit(3)
+        if name == "hang":
+            return None  # never answered; the server goes on reading
+        if name == "flood":
+            sys.stdout.write("x" * 6_000_000)
+            sys.stdout.flush()
+            time.sleep(3600)
+    raise LookupError(method)
 
 
-if __name__ == "__main__":
-    server.run()
+for line in sys.stdin:
+    request = json.loads(line)
+    if "id" not in request:
+        continue  # a notification
+    try:
+        result = answer(request)
+        if result is not None:
+            send({"jsonrpc": "2.0", "id": request["id"], "result": result})
+    except LookupError:
+        send({"jsonrpc": "2.0", "id": request["id"],
+              "error": {"code": -32601, "message": f"unknown method {request['method']}"}})

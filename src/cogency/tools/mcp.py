@@ -249,7 +249,7 @@ class MCPServer:
                 description=description,
                 parameters=_inline_refs(schema),
                 func=self._caller(remote.name),
-                timeout=self.timeout,
+                timeout=self.timeout + 5,
                 server=self,
                 remote_name=remote.name,
                 input_schema=_without_patterns(schema),
@@ -260,8 +260,13 @@ class MCPServer:
 
     def _caller(self, remote_name: str) -> Any:
         async def call(**args: Any) -> str:
-            # A little under the tool's own limit, so the SDK's own time-out speaks first.
-            return await self.call(remote_name, args, self.timeout * 0.95)
+            # Bounded here, so the error names the server; the Tool's own limit is a backstop.
+            try:
+                return await asyncio.wait_for(self.call(remote_name, args, self.timeout + 1),
+                                              self.timeout)
+            except asyncio.TimeoutError:
+                raise ToolError(f"MCP server {self.name!r}: {remote_name} did not answer "
+                                f"within {self.timeout:g}s") from None
 
         return call
 
@@ -327,6 +332,8 @@ class _Connection:
         self._stop.set()
         self.alive = False
         task = self._task
+        if task is not None and not task.done() and self._client is None:
+            task.cancel()  # still starting (maybe hung): nothing to leave gracefully
         if task is not None and not task.done():
             # Leaving the SDK's context stops the process (stdin closed, SIGTERM, SIGKILL).
             done, _ = await asyncio.wait([task], timeout=4 * _STOP_GRACE + 2)
@@ -431,10 +438,12 @@ async def _stdio(
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError,
                                      anyio.EndOfStream, OSError):
                 async for chunk in process.stdout:
-                    buffer += chunk
-                    while (end := buffer.find(b"\n")) >= 0:
-                        line = bytes(buffer[:end])
-                        del buffer[: end + 1]
+                    start = 0
+                    while (end := chunk.find(b"\n", start)) >= 0:  # each byte looked at once
+                        buffer += chunk[start:end]
+                        line = bytes(buffer)
+                        buffer.clear()
+                        start = end + 1
                         if not line.strip():
                             continue
                         try:
@@ -444,13 +453,16 @@ async def _stdio(
                         except ValueError as exc:
                             message = exc
                         await read_writer.send(message)
+                    buffer += chunk[start:]
                     if len(buffer) > MAX_MESSAGE_BYTES:
                         connection.stderr.append(
                             f"\n[cogency: it sent a message over {MAX_MESSAGE_BYTES} bytes]"
                             .encode()
                         )
                         return
-        connection.returncode = process.returncode
+            # Stdout ended: the server is probably exiting; say how, when it does so promptly.
+            with anyio.move_on_after(0.5):
+                connection.returncode = await process.wait()
 
     async def read_stderr() -> None:
         assert process.stderr is not None
