@@ -2,7 +2,8 @@
 
 Plain JSON-RPC lines rather than the SDK, so it starts in a few milliseconds: ``die`` exits
 mid-call, ``hang`` never answers, ``flood`` sends one line bigger than a client should hold;
-``say`` works (to show the server is started again after ``die``).
+``say`` works (to show the server is started again after ``die``); ``book`` takes an
+argument described through ``$defs``.
 """
 
 import json
@@ -14,6 +15,12 @@ TOOLS = [
     {"name": "say", "description": "Say the text back.",
      "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}},
                      "required": ["text"]}},
+    {"name": "book", "description": "Book a room.",
+     "inputSchema": {"type": "object", "properties": {"room": {"$ref": "#/$defs/Room"}},
+                     "required": ["room"],
+                     "$defs": {"Room": {"type": "object", "required": ["beds"],
+                                        "properties": {"beds": {"type": "integer",
+                                                                "minimum": 1}}}}}},
     *({"name": name, "description": text, "inputSchema": {"type": "object"}} for name, text in [
         ("die", "Exit in the middle of the call."),
         ("hang", "Never answer."),
@@ -39,6 +46,8 @@ def answer(request):
         if name == "say":
             return {"content": [{"type": "text", "text": f"said: {args['text']} "
                                                          f"(pid {os.getpid()})"}]}
+        if name == "book":
+            return {"content": [{"type": "text", "text": f"booked {args['room']['beds']} beds"}]}
         if name == "die":
             sys.stderr.write("stub: dying on purpose\n")
             sys.stderr.flush()

@@ -274,3 +274,35 @@ def test_mcp_server_arguments_are_checked():
         MCPServer(["x"], timeout=0)
     assert MCPServer("npx -y @modelcontextprotocol/server-everything@1.2").name == \
         "server-everything"
+
+
+async def test_schemas_with_refs_are_inlined_for_the_model_and_checked_in_full(db_path, db):
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
+    llm = ScriptedLLM([step([call("book", room={"beds": 0})]),
+                       step([call("book", room={"beds": 2})]), step(response="booked")])
+    async with Agent(llm=llm, tools=[stub], store=str(db_path)) as agent:
+        result = await agent.run("book a room")
+        (book,) = [t for t in await stub.list_tools() if t.name == "book"]
+    # Embedded in a provider's structured-output schema, "#/$defs/..." would point elsewhere.
+    assert "$ref" not in json.dumps(book.parameters)
+    assert book.parameters["properties"]["room"]["properties"]["beds"]["minimum"] == 1
+    assert "args.room.beds: 0 is less than the minimum of 1" in llm.calls[1][-1]["content"]
+    assert result.stop_reason == "completed"
+    (content,) = db.execute("SELECT content FROM conversation_messages WHERE role = 'tool'"
+                            ).fetchone()
+    assert json.loads(content)["output"] == "booked 2 beds"
+
+
+def test_run_sync_starts_the_server_in_each_event_loop_and_stops_it_after(db_path, db):
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
+    llm = ScriptedLLM([step([call("say", text="one")]), step(response="1"),
+                       step([call("say", text="two")]), step(response="2")])
+    agent = Agent(llm=llm, tools=[stub], store=str(db_path))
+    assert agent.run_sync("first").stop_reason == "completed"
+    assert server_pids("mcp_stub.py") == []  # the loop's end stopped it
+    assert agent.run_sync("second").stop_reason == "completed"
+    asyncio.run(agent.close())
+    outputs = [json.loads(c)["output"] for (c,) in db.execute(
+        "SELECT content FROM conversation_messages WHERE role = 'tool' ORDER BY created_at")]
+    assert [o.split(" (pid")[0] for o in outputs] == ["said: one", "said: two"]
+    assert server_pids("mcp_stub.py") == []

@@ -148,8 +148,7 @@ class MCPServer:
         where = shlex.join(self.command) if self.command else self.url
         return f"MCPServer({self.name!r}: {where})"
 
-    def needs_approval(self, remote_name: str) -> bool:
-        """Whether a call of this tool (its name on the server) waits for a person."""
+    def _approval_needed(self, remote_name: str) -> bool:
         if isinstance(self.trusted, bool):
             return not self.trusted
         return remote_name not in self.trusted
@@ -176,7 +175,7 @@ class MCPServer:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def call(self, remote_name: str, args: dict[str, Any], timeout: float) -> str:
+    async def _call(self, remote_name: str, args: dict[str, Any], timeout: float) -> str:
         """Call a tool by its name on the server; the result as text, failures as ToolError."""
         import mcp_types
         from mcp.shared.exceptions import MCPError
@@ -254,7 +253,7 @@ class MCPServer:
                 remote_name=remote.name,
                 input_schema=_without_patterns(schema),
             )
-            tool.needs_approval = self.needs_approval(remote.name)  # type: ignore[attr-defined]
+            tool.needs_approval = self._approval_needed(remote.name)  # type: ignore[attr-defined]
             tools.append(tool)
         return tools
 
@@ -262,7 +261,7 @@ class MCPServer:
         async def call(**args: Any) -> str:
             # Bounded here, so the error names the server; the Tool's own limit is a backstop.
             try:
-                return await asyncio.wait_for(self.call(remote_name, args, self.timeout + 1),
+                return await asyncio.wait_for(self._call(remote_name, args, self.timeout + 1),
                                               self.timeout)
             except asyncio.TimeoutError:
                 raise ToolError(f"MCP server {self.name!r}: {remote_name} did not answer "
@@ -329,8 +328,10 @@ class _Connection:
             raise
 
     async def close(self) -> None:
-        self._stop.set()
         self.alive = False
+        if self.loop.is_closed():
+            return  # its loop ended (run_sync), and stopped the server as it did
+        self._stop.set()
         task = self._task
         if task is not None and not task.done() and self._client is None:
             task.cancel()  # still starting (maybe hung): nothing to leave gracefully
