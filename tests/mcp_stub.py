@@ -21,6 +21,8 @@ TOOLS = [
                      "$defs": {"Room": {"type": "object", "required": ["beds"],
                                         "properties": {"beds": {"type": "integer",
                                                                 "minimum": 1}}}}}},
+    {"name": "notes.count", "description": "\x1b[2JCount the notes.\x07",
+     "inputSchema": {"type": "object"}},
     *({"name": name, "description": text, "inputSchema": {"type": "object"}} for name, text in [
         ("die", "Exit in the middle of the call."),
         ("hang", "Never answer."),
@@ -46,6 +48,8 @@ def answer(request):
         if name == "say":
             return {"content": [{"type": "text", "text": f"said: {args['text']} "
                                                          f"(pid {os.getpid()})"}]}
+        if name == "notes.count":
+            return {"content": [{"type": "text", "text": "\x1b[31m3 notes\x1b[0m"}]}
         if name == "book":
             return {"content": [{"type": "text", "text": f"booked {args['room']['beds']} beds"}]}
         if name == "die":

@@ -279,7 +279,8 @@ def test_mcp_server_arguments_are_checked():
 async def test_schemas_with_refs_are_inlined_for_the_model_and_checked_in_full(db_path, db):
     stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
     llm = ScriptedLLM([step([call("book", room={"beds": 0})]),
-                       step([call("book", room={"beds": 2})]), step(response="booked")])
+                       step([call("book", room={"beds": 2}), call("notes_count")]),
+                       step(response="booked")])
     async with Agent(llm=llm, tools=[stub], store=str(db_path)) as agent:
         result = await agent.run("book a room")
         (book,) = [t for t in await stub.list_tools() if t.name == "book"]
@@ -288,9 +289,12 @@ async def test_schemas_with_refs_are_inlined_for_the_model_and_checked_in_full(d
     assert book.parameters["properties"]["room"]["properties"]["beds"]["minimum"] == 1
     assert "args.room.beds: 0 is less than the minimum of 1" in llm.calls[1][-1]["content"]
     assert result.stop_reason == "completed"
-    (content,) = db.execute("SELECT content FROM conversation_messages WHERE role = 'tool'"
-                            ).fetchone()
-    assert json.loads(content)["output"] == "booked 2 beds"
+    outputs = [json.loads(c)["output"] for (c,) in db.execute(
+        "SELECT content FROM conversation_messages WHERE role = 'tool' ORDER BY seq")]
+    assert outputs == ["booked 2 beds", "3 notes"]  # no terminal control codes
+    # A name MCP allows but the step contract does not ("notes.count") is made valid; the
+    # call still reaches the server's own name. Descriptions lose their control codes too.
+    assert "- notes_count(): Count the notes.\n" in llm.calls[0][0]["content"]
 
 
 def test_run_sync_starts_the_server_in_each_event_loop_and_stops_it_after(db_path, db):

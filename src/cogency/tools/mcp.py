@@ -46,7 +46,11 @@ _STOP_GRACE = 1.0
 _LAUNCHERS = {"npx", "uvx", "uv", "pipx", "node", "deno", "bun", "bunx", "docker", "python",
               "python3", "sh", "bash", "env"}
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_\-]")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"             # CSI sequences (colours, cursor, clear screen)
+    r"|\x1b\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)?"  # OSC (window titles, hyperlinks)
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"      # any other control character
+)
 
 
 @dataclass(eq=False)
