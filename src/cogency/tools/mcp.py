@@ -203,6 +203,8 @@ class MCPServer:
             raise ToolError(f"MCP server {self.name!r}: {remote_name}: "
                             f"{type(exc).__name__}: {exc}") from exc
         text = _result_text(result)
+        # Off the event loop when big: a server may send megabytes of text.
+        text = _clean(text) if len(text) < 50_000 else await asyncio.to_thread(_clean, text)
         if result.is_error:
             raise ToolError(f"MCP server {self.name!r}: {remote_name} failed: {text}")
         return text
@@ -535,14 +537,13 @@ async def _stop_process(process: Any) -> None:
 
 
 def _http(url: str, headers: Mapping[str, str], timeout: float) -> Any:
-    try:
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover - an SDK built on httpx
-        import httpx  # type: ignore[no-redef]
+    import httpx2  # the SDK's HTTP client
     from mcp.client.streamable_http import streamable_http_client
 
-    client = httpx.AsyncClient(headers=dict(headers), timeout=httpx.Timeout(timeout),
-                               follow_redirects=False)
+    # Reads may idle while a server streams a long call (each call has its own time limit);
+    # SSE events are bounded by the SDK (max_sse_event_size).
+    client = httpx2.AsyncClient(headers=dict(headers), follow_redirects=False,
+                                timeout=httpx2.Timeout(timeout, read=300.0))
 
     @contextlib.asynccontextmanager
     async def transport() -> AsyncIterator[Any]:
@@ -556,7 +557,8 @@ def _http(url: str, headers: Mapping[str, str], timeout: float) -> Any:
 
 
 def _result_text(result: Any) -> str:
-    """A tool result as text: text content as is, other content described in brackets."""
+    """A tool result as text: text content as is, other content described in brackets
+    (control codes not yet removed)."""
     parts: list[str] = []
     for block in result.content or []:
         kind = getattr(block, "type", "")
@@ -583,7 +585,7 @@ def _result_text(result: Any) -> str:
         getattr(block, "type", "") == "text" for block in result.content or []
     ):
         parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
-    return _clean("\n".join(parts))
+    return "\n".join(parts)
 
 
 # -- names and schemas -------------------------------------------------------------------------
