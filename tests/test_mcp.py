@@ -211,7 +211,7 @@ async def test_failing_servers_are_tool_errors_and_the_run_goes_on(db_path, db):
     assert "MCP server 'broken' failed to start" in by_step["broken"]["error"]
     assert "bad config: no token" in by_step["broken"]["error"]
     assert "MCP server 'sleepy' did not start within 1s" in by_step["sleepy"]["error"]
-    assert "MCP server 'stub' exited (status 3) during the call" in by_step["die"]["error"]
+    assert "MCP server 'stub' exited (status 3)" in by_step["die"]["error"]
     assert "stub: dying on purpose" in by_step["die"]["error"]
     assert "MCP server 'stub': hang did not answer within 2s" in by_step["hang"]["error"]
     flood = by_step["flood"]

@@ -305,7 +305,6 @@ class _Connection:
         self.pid: int | None = None
         self.returncode: int | None = None
         self.alive = False
-        self.failure: str | None = None
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -319,6 +318,8 @@ class _Connection:
     async def open(self) -> list[Any]:
         """Start the server and list its tools; ToolError names the server and says why not."""
         listed: asyncio.Future[list[Any]] = self.loop.create_future()
+        # Read even when nobody waits any more (a start that timed out): no "never retrieved".
+        listed.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._task = asyncio.create_task(self._serve(listed))
         try:
             return await asyncio.wait_for(asyncio.shield(listed), self.server.start_timeout)
@@ -351,7 +352,7 @@ class _Connection:
     def exit_story(self) -> str:
         """Why the connection is gone, for an error message."""
         if self.returncode is not None:
-            story = f"exited (status {self.returncode}) during the call"
+            story = f"exited (status {self.returncode})"
         else:
             story = "closed the connection"
         return story + self._stderr_note() + "; it is started again on the next call"
@@ -390,7 +391,7 @@ class _Connection:
             if not listed.done():
                 listed.set_exception(ToolError(f"MCP server {server.name!r} was stopped"))
             raise
-        except BaseException as exc:  # every way a start can fail becomes one clear ToolError
+        except Exception as exc:  # every way a start can fail becomes one clear ToolError
             if not listed.done():
                 listed.set_exception(ToolError(
                     f"MCP server {server.name!r} failed to start: {_describe(exc)}"
