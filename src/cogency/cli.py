@@ -479,7 +479,7 @@ def _parser() -> argparse.ArgumentParser:
     profile.set_defaults(handler=_profile)
     from .server.commands import add_commands  # `serve` and `keys`
 
-    add_commands(commands, common)
+    add_commands(commands, common, agent)
     return parser
 
 

@@ -17,22 +17,17 @@ from typing import Any
 from ..errors import ConfigurationError, UsageError
 
 
-def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``serve`` and ``keys`` to the ``cogency`` subcommands."""
+def add_commands(commands: Any, common: argparse.ArgumentParser,
+                 agent: argparse.ArgumentParser) -> None:
+    """Add ``serve`` and ``keys`` to the ``cogency`` subcommands (``agent``: the options that
+    make the agent, as for ``cogency run``)."""
     serve = commands.add_parser(
-        "serve", parents=[common],
+        "serve", parents=[common, agent],
         help="serve the agent over HTTP to the users of API keys",
         description="Serve the agent over HTTP: a native API with live events (SSE) and "
                     "OpenAPI at /docs. Each API key acts as its user only. Run several "
                     "replicas on one PostgreSQL database to scale out.",
     )
-    serve.add_argument("--llm", help="model, as for `cogency run` (e.g. openai:gpt-4o-mini, "
-                                     "local, package.module:factory)")
-    serve.add_argument("--tools", default="", help="built-in tools for every user, comma "
-                                                   "separated: files,shell,http")
-    serve.add_argument("--root", default=".", help="directory the files and shell tools are "
-                                                   "confined to (default: current)")
-    serve.add_argument("--max-iterations", type=int, default=10)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: %(default)s, this machine only)")
     serve.add_argument("--port", type=int, default=8000,
@@ -137,7 +132,7 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             "pip install 'cogency[serve]'"
         ) from exc
     from ..agent import Agent
-    from ..cli import builtin_tools
+    from ..cli import builtin_tools, mcp_servers
     from ..storage import open_store
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -145,8 +140,9 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     store = open_store(args.db)
     try:
         await store.list_api_keys()  # reach (and migrate) the database before listening
-        agent = Agent(llm=args.llm, tools=builtin_tools(args.tools, Path(args.root)),
-                      store=store, memory=args.memory, max_iterations=args.max_iterations)
+        tools = [*builtin_tools(args.tools, Path(args.root)), *mcp_servers(args.mcp)]
+        agent = Agent(llm=args.llm, tools=tools, store=store, memory=args.memory,
+                      max_iterations=args.max_iterations)
         async with agent:
             start = getattr(agent.llm, "start", None)
             if start is not None:  # the offline model: load it before taking requests
