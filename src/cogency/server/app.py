@@ -93,18 +93,22 @@ class _Limits:
         began = time.perf_counter()
         status = 0
         received = 0
+        tripped = False
 
         async def counted_receive() -> Message:
-            nonlocal received
+            nonlocal received, tripped
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body:  # a chunked body: the error handlers answer
+                if received > self.max_body:  # a chunked body: stop reading it here
+                    tripped = True
                     raise RequestTooLarge(self._too_large)
             return message
 
         async def watched_send(message: Message) -> None:
             nonlocal status
+            if tripped:
+                return  # the app's answer to the broken read; the 413 below replaces it
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
@@ -112,8 +116,13 @@ class _Limits:
         try:
             length = dict(scope["headers"]).get(b"content-length", b"0")
             if length.isdigit() and int(length) <= self.max_body:
-                await self.app(scope, counted_receive, watched_send)
-                return
+                try:
+                    await self.app(scope, counted_receive, watched_send)
+                except RequestTooLarge:
+                    if not tripped:
+                        raise
+                if not tripped:
+                    return
             status = 413
             body = json.dumps(error_body("too_large", self._too_large)).encode()
             await send({"type": "http.response.start", "status": 413,
