@@ -40,7 +40,8 @@ class Run:
         self._changed = asyncio.Condition()
         self.task: asyncio.Task[None] | None = None
 
-    async def _add(self, event: dict[str, Any] | None) -> None:
+    async def publish(self, event: dict[str, Any] | None) -> None:
+        """Add an event for the followers (``None`` only wakes them: the run is done)."""
         async with self._changed:
             if event is not None:
                 self.events.append(event)
@@ -165,7 +166,7 @@ class Runs:
         try:
             async for event in events:
                 run.task_id = run.task_id or event.task_id
-                await run._add(event.to_dict())
+                await run.publish(event.to_dict())
             run.result = events.result
         except asyncio.CancelledError:
             run.failure = ShuttingDown(
@@ -186,7 +187,7 @@ class Runs:
             self._live.discard(run)
             self._release_slot(run.key_id)
             run.done = True
-            await run._add(None)
+            await run.publish(None)
 
     def _release_slot(self, key_id: str) -> None:
         self._per_key[key_id] -= 1
