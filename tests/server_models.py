@@ -6,6 +6,8 @@ An endless script whose reply depends on the query, so many users can talk to on
 - ``nudge:PATH …`` makes no progress (an unfinished task) until the file PATH exists;
 - ``tool …`` lists the files (``--tools files``) and then answers; with
   ``$COGENCY_TEST_HANG_AFTER_TOOL`` set, it never answers after the tool (a replica to kill);
+- ``write NAME`` writes the file NAME (a call that needs a person's approval), then says
+  what the tool answered;
 - ``recall`` is answered with the first user message the model was sent (the history);
 - anything else is answered ``echo: QUERY``.
 
@@ -35,6 +37,11 @@ async def _reply(messages):
         while not gate.exists():
             await asyncio.sleep(0.02)
         return {"response": f"opened: {query}"}
+    if query.startswith("write "):
+        if not after_tool:
+            return {"actions": [{"name": "file_write",
+                                 "args": {"path": query.split()[1], "content": "written"}}]}
+        return {"response": f"the tool said: {last[:200]}"}
     if query == "recall":
         first = next(m["content"] for m in messages if m["role"] == "user")
         return {"response": f"you said: {first}"}
