@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union, get_args, get_origin, overload
+from typing import Any, Literal, Protocol, Union, get_args, get_origin, overload
 
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
@@ -102,6 +102,16 @@ class Tool:
             for key, spec in props.items()
         )
         return f"{self.name}({args}): {self.description}"
+
+
+class Toolset(Protocol):
+    """Tools known only once something is started (an MCP server's): goes in
+    ``Agent(tools=[...])``; the agent lists its tools at the start of each run and calls
+    ``aclose`` in ``agent.close()``."""
+
+    async def list_tools(self) -> list[Tool]: ...
+
+    async def aclose(self) -> None: ...
 
 
 @overload
