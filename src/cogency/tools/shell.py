@@ -4,7 +4,7 @@ working ``bwrap``.
 
 The sandbox is built up from nothing: the root (read-write), a read-only minimal system
 (``/usr`` and its links, the parts of ``/etc`` programs read), a private ``/tmp``, a minimal
-``/dev`` and its own ``/proc``; no network, its own process tree. Nothing else is there: no
+``/dev`` and its own ``/proc``; no network, its own process tree, no capabilities. Nothing else is there: no
 ``/run`` or ``/var/run`` (so no Unix sockets of the machine's services), no home directories,
 and never the files of the agent's store, even inside the root.
 
@@ -72,7 +72,7 @@ def sandbox_available(bwrap: str | None = None) -> bool:
             done = subprocess.run(
                 [path, "--ro-bind", "/usr", "/usr", *_links(), "--dev", "/dev",
                  "--proc", "/proc", "--unshare-net", "--unshare-pid", "--die-with-parent",
-                 "/bin/sh", "-c", "true"],
+                 "--cap-drop", "ALL", "/bin/sh", "-c", "true"],
                 capture_output=True, timeout=10, check=False,
             )
             _probe_cache[path] = done.returncode == 0
@@ -144,6 +144,7 @@ def shell_tool(
         args += ["--chdir", workdir,
                  "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                  "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                 "--cap-drop", "ALL",  # as root, bwrap would keep e.g. CAP_SYS_MODULE/_TIME
                  "/bin/sh", "-c", command]
         return args
 
