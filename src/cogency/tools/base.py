@@ -58,6 +58,11 @@ class Tool:
         default_factory=lambda: threading.BoundedSemaphore(MAX_TOOL_THREADS),
         init=False, repr=False, compare=False,
     )
+    _renders: threading.BoundedSemaphore = field(
+        # Apart from the calls' threads, which hung calls may hold: a render always ends soon.
+        default_factory=lambda: threading.BoundedSemaphore(MAX_TOOL_THREADS),
+        init=False, repr=False, compare=False,
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -230,7 +235,7 @@ async def _off_loop(tool_: Tool, render: Callable[[Any], str], value: Any) -> st
         return render(value)
     # A long output is redacted (~24,000 characters scanned) and counted (tiktoken frees the
     # GIL) in a thread: the event loop is not held while it is.
-    return await tool_._in_thread(functools.partial(render, value))
+    return await in_thread(functools.partial(render, value), tool_._renders, "cogency-render")
 
 
 async def run_tools(
