@@ -496,7 +496,7 @@ class SQLiteStore:
 
     async def release_task(self, task_id: str, runner: str) -> None:
         if self._held.get(task_id, (None,))[0] == runner:
-            del self._held[task_id]
+            self._unhold(task_id)
         try:
             await self._run(
                 self._write(
@@ -527,7 +527,7 @@ class SQLiteStore:
             )
             return cast("str | None", row[0])
 
-        self._held.pop(task_id, None)
+        self._unhold(task_id)
         return await self._run(self._write(work))
 
     def _lease_end(self) -> str:
@@ -538,6 +538,12 @@ class SQLiteStore:
         self._held[task_id] = (runner, epoch)
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    def _unhold(self, task_id: str) -> None:
+        self._held.pop(task_id, None)
+        if not self._held and self._heartbeat is not None:
+            self._heartbeat.cancel()  # nothing left to renew: no task lingers in the loop
+            self._heartbeat = None
 
     async def _renew_leases(self) -> None:
         while self._held:
@@ -563,7 +569,7 @@ class SQLiteStore:
                 # and the run's next write (fenced by its epoch) reports what happened.
                 continue
             for task in (set(self._held) - set(held)) | set(lost):
-                self._held.pop(task, None)
+                self._held.pop(task, None)  # (not _unhold: this task ends by itself)
 
     async def save(self, batch: SaveBatch) -> int:
         def work(db: sqlite3.Connection) -> int:
@@ -589,7 +595,10 @@ class SQLiteStore:
                 )
             return version
 
-        return await self._run(self._write(work))
+        version = await self._run(self._write(work))
+        if batch.complete:
+            self._unhold(batch.task_id)
+        return version
 
     # -- conversations --------------------------------------------------------------------
 
