@@ -166,6 +166,8 @@ def _m004_run_leases(db: sqlite3.Connection) -> None:
             -- bumped by each claim and force-release; a run's writes must carry the current one
         ALTER TABLE task_workspaces ADD COLUMN lease_until TEXT;
             -- when the runner's lease lapses unless renewed (ISO 8601 UTC); then others may claim
+        ALTER TABLE task_workspaces ADD COLUMN lease_holder INTEGER;
+            -- PostgreSQL's lease key; unused here (the columns are the same on both)
         ALTER TABLE task_workspaces ADD COLUMN last_save TEXT;
             -- the save that wrote this version: a retry of it finds that it landed
         ALTER TABLE conversation_messages ADD COLUMN message_id TEXT;
