@@ -404,16 +404,14 @@ class Agent:
         if saving is not None:
             await asyncio.wait([saving])  # if it failed, the save below retries it
         try:
-            if not write:
-                pass
-            elif state.execution.stop_reason in ("completed", "security"):
+            if write and state.execution.stop_reason in ("completed", "security"):
                 await state.complete_task()  # which lets the task go: nothing to release
                 return
-            else:
+            if write:
                 await autosave(state)
-        except LeaseLostError:
-            raise  # the task is another runner's now
         except BaseException:
+            # Also after LeaseLostError: a release names this runner, so it never frees the
+            # task from the runner that holds it now.
             await self.store.release_task(state.task_id, runner)
             raise
         await self.store.release_task(state.task_id, runner)
