@@ -60,6 +60,7 @@ def server():
 
 def make(server: FakeServer, **options) -> OpenAILLM:
     options.setdefault("retry_delay", 0.01)
+    options.setdefault("context_window", 128_000)  # given: the fake is not asked for it
     return OpenAILLM("test-model", base_url=server.url + "/v1", api_key="sk-test", **options)
 
 

@@ -101,6 +101,8 @@ class State:
         )
         state._saved_workspace = state.workspace.to_dict()
         history = record.recent if record.recent is not None else first
+        if first and not any(m.get("task_id") == state.task_id for m in history):
+            history = [*history, *first]  # a query longer than history_tokens: it still counts
         state.conversation = _conversation_from(record, history)
         state.execution.messages = list(history)
         return state
@@ -127,6 +129,10 @@ class State:
         history = await store.load_messages(
             task.conversation_id, user_id, token_budget=history_tokens
         )
+        if not any(m.get("task_id") == task_id and m.get("role") == "user"
+                   and m.get("content") == task.query for m in history):
+            history = await _with_own_messages(store, task.conversation_id, user_id, task_id,
+                                               history_tokens, history)
         state = cls(
             query=task.query,
             user_id=user_id,
@@ -150,6 +156,29 @@ class State:
         self.completed = True
         if self._owns_store and self.store is not None:
             await self.store.close()
+
+
+async def _with_own_messages(
+    store: Store, conversation_id: str, user_id: str, task_id: str, history_tokens: int,
+    window: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The task's own messages (from its query on) past the history window, with the older
+    history that fits ``history_tokens`` before them: the task itself always comes back whole.
+
+    Only a task whose own messages outgrew the window pays for reading the whole conversation.
+    """
+    every = await store.load_messages(conversation_id, user_id)
+    start = next((i for i, m in enumerate(every) if m.get("task_id") == task_id), None)
+    if start is None:
+        return window  # the task has no message yet (the agent adds its query)
+    older: list[dict[str, Any]] = []
+    used = 0
+    for message in reversed(every[:start]):
+        used += message.get("tokens") or 0
+        if used > history_tokens:
+            break
+        older.append(message)
+    return [*reversed(older), *every[start:]]
 
 
 def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
