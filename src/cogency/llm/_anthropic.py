@@ -28,6 +28,8 @@ class AnthropicLLM(ProviderLLM):
     forced call of a ``step`` tool whose ``input_schema`` is the schema (in the subset the SDK
     documents); its input is the reply. A server that ignores ``tool_choice`` (llama.cpp's
     ``/v1/messages``) answers in text, which is taken as the reply and validated as usual.
+    ``temperature`` and ``extra_body`` go into the request body (the SDK has no parameter
+    for them).
     """
 
     provider = "anthropic"
@@ -39,6 +41,7 @@ class AnthropicLLM(ProviderLLM):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        extra_body: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         options.setdefault("context_window", ANTHROPIC_CONTEXT)
@@ -51,6 +54,7 @@ class AnthropicLLM(ProviderLLM):
                 "Anthropic needs an API key: set ANTHROPIC_API_KEY (or pass api_key=), "
                 "or use llm='local' to run offline"
             )
+        self.extra_body = extra_body or {}
         self._sdk = sdk
         self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
         self._client = sdk.AsyncAnthropic(
@@ -69,8 +73,12 @@ class AnthropicLLM(ProviderLLM):
         }
         if system:
             request["system"] = system
+        extra = dict(self.extra_body)
         if self.temperature is not None:
-            request["temperature"] = self.temperature
+            # The SDK's create() has no temperature parameter: it goes in the body as is.
+            extra["temperature"] = self.temperature
+        if extra:
+            request["extra_body"] = extra
         if schema is not None:
             request["tools"] = [{
                 "name": STEP_TOOL,

@@ -274,17 +274,16 @@ class ProviderLLM(LLM):
             )
             error.window = _window_of(message, body)
             return Failure(error)
-        if status in (400, 422) and _NO_MODEL.search(message):
-            status = 404  # LiteLLM: 400 "Invalid model name"; others word it their own way
+        if status == 404 or (status in (400, 422) and _NO_MODEL.search(message)):
+            # LiteLLM answers 400 "Invalid model name"; others word it their own way
+            return Failure(ModelNotFoundError(
+                f"{detail} (HTTP {status}): no model {self.model!r} at this provider; "
+                "check the model name"
+            ))
         if status in (401, 403):
             return Failure(AuthenticationError(
                 f"{detail} (HTTP {status}): the provider rejected the credentials; "
                 f"{self.key_hint or 'check the API key'}"
-            ))
-        if status == 404:
-            return Failure(ModelNotFoundError(
-                f"{detail} (HTTP 404): no model {self.model!r} at this provider; "
-                "check the model name"
             ))
         if status == 429:
             return Failure(
