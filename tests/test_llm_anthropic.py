@@ -259,3 +259,43 @@ async def test_agent_run_with_a_tool_end_to_end(server, store, db):
     sent = server.requests[1].body["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert "TOOL RESULT add" in sent[-1]["content"] and "5" in sent[-1]["content"]
+
+
+async def test_an_overloaded_error_event_inside_a_stream_is_retried(server, store):
+    answer = {"secure": True, "objective": "o", "understanding": "", "approach": "",
+              "discoveries": "", "response": "fine"}
+    start = {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 1}}}
+    overloaded = Reply(events=[sse(start, "message_start"), sse(
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        "error")])
+    server.script(overloaded, tool_streamed(answer))
+    llm = make(server)
+    async with Agent(llm=llm, store=store) as agent:
+        stream = agent.stream("hi", user_id="eve")
+        events = [event async for event in stream]
+    await llm.close()
+    assert stream.result.stop_reason == "completed" and stream.result.response == "fine"
+    [retry] = [event for event in events if event.type == "retry"]
+    assert "Overloaded" in retry.reason and "HTTP 529" in retry.reason
+    assert len(server.requests) == 2
+
+
+async def test_options_reach_the_wire_and_a_max_tokens_stop_is_reasked_higher(server, store):
+    answer = {"secure": True, "objective": "o", "understanding": "", "approach": "",
+              "discoveries": "", "response": "fine"}
+    server.script(streamed('{"secure": true, "objec', stop="max_tokens"),
+                  tool_streamed(answer))
+    llm = make(server, temperature=0, max_tokens=64, extra_body={"top_k": 5})
+    async with Agent(llm=llm, store=store) as agent:
+        stream = agent.stream("hi", user_id="eve")
+        events = [event async for event in stream]
+    await llm.close()
+    assert stream.result.stop_reason == "completed"
+    [invalid] = [event for event in events if event.type == "error"]
+    assert "cut off at the output token limit (64 tokens)" in invalid.message
+    bodies = [request.body for request in server.requests]
+    assert [body["max_tokens"] for body in bodies] == [64, 128]
+    assert all(body["temperature"] == 0 and body["top_k"] == 5 for body in bodies)
