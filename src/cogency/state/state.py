@@ -45,6 +45,11 @@ class State:
     version: int = 1
     """The workspace row version this state last saw; a stale one makes saves conflict."""
     completed: bool = False
+    epoch: int | None = None
+    """The lease epoch of the runner this state writes for: its saves are refused
+    (:class:`~cogency.errors.LeaseLostError`) once another runner holds the task."""
+    _save_id: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
+    """Kept until a save succeeds, so a retry after an unknown outcome is known as one."""
     _saved_workspace: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     _owns_store: bool = field(default=False, repr=False, compare=False)
 
@@ -100,6 +105,7 @@ class State:
             history_tokens,
         )
         state._saved_workspace = state.workspace.to_dict()
+        state.epoch = 1 if runner else None
         history = record.recent if record.recent is not None else first
         if first and not any(m.get("task_id") == state.task_id for m in history):
             history = [*history, *first]  # a query longer than history_tokens: it still counts
@@ -131,8 +137,7 @@ class State:
         )
         if not any(m.get("task_id") == task_id and m.get("role") == "user"
                    and m.get("content") == task.query for m in history):
-            history = await _with_own_messages(store, task.conversation_id, user_id, task_id,
-                                               history_tokens, history)
+            history = await _with_own_messages(store, user_id, task_id, history)
         state = cls(
             query=task.query,
             user_id=user_id,
@@ -159,26 +164,17 @@ class State:
 
 
 async def _with_own_messages(
-    store: Store, conversation_id: str, user_id: str, task_id: str, history_tokens: int,
-    window: list[dict[str, Any]],
+    store: Store, user_id: str, task_id: str, window: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The task's own messages (from its query on) past the history window, with the older
-    history that fits ``history_tokens`` before them: the task itself always comes back whole.
-
-    Only a task whose own messages outgrew the window pays for reading the whole conversation.
-    """
-    every = await store.load_messages(conversation_id, user_id)
-    start = next((i for i, m in enumerate(every) if m.get("task_id") == task_id), None)
-    if start is None:
+    """The task's own messages, whole, after what of the loaded ``window`` came before them:
+    a task whose messages outgrew the history window still comes back entire."""
+    own = await store.load_task_messages(task_id, user_id)
+    if not own:
         return window  # the task has no message yet (the agent adds its query)
-    older: list[dict[str, Any]] = []
-    used = 0
-    for message in reversed(every[:start]):
-        used += message.get("tokens") or 0
-        if used > history_tokens:
-            break
-        older.append(message)
-    return [*reversed(older), *every[start:]]
+    first = own[0].get("seq")
+    older = [m for m in window if m.get("task_id") != task_id
+             and (first is None or (m.get("seq") or 0) < first)]
+    return [*older, *own]
 
 
 def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
@@ -229,8 +225,11 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
         workspace=workspace if changed else None,
         profile=profile,
         complete=complete,
+        epoch=state.epoch,
+        save_id=state._save_id,
     )
     state.version = await state.store.save(batch)
+    state._save_id = uuid.uuid4().hex
     del state.conversation.unsaved[: len(pending)]
     state._saved_workspace = workspace
     state.conversation.last_updated = _time.now()
@@ -238,6 +237,7 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
 
 def _message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
     return {
+        "id": uuid.uuid4().hex,  # the database stores each id once: retried saves never double
         "role": role,
         "content": scrub_surrogates(content),  # a model's "\ud800" must not fail the save
         "task_id": state.task_id,
