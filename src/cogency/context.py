@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import operator
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._fence import fence
 from .llm.base import Message
 from .reason import SECURITY_PREAMBLE, contract
 from .state.execution import Execution
@@ -127,17 +127,9 @@ def render_tool_message(content: str) -> str:
     body = result.get("output", "") if result.get("ok") else result.get("error", "")
     args = json.dumps(result.get("args", {}), ensure_ascii=False)
     return (
-        f"TOOL RESULT {_fence(str(result.get('name')))}({_fence(args)}) [{status}] "
-        f"({TOOL_DATA_NOTE}):\n<tool_output>\n{_fence(str(body))}\n</tool_output>"
+        f"TOOL RESULT {fence(str(result.get('name')))}({fence(args)}) [{status}] "
+        f"({TOOL_DATA_NOTE}):\n<tool_output>\n{fence(str(body))}\n</tool_output>"
     )
-
-
-_TAG = re.compile(r"<(\s*/?\s*)(tool_output)", re.I)
-
-
-def _fence(text: str) -> str:
-    """``text`` unable to open or close the data block: its own tags are escaped."""
-    return _TAG.sub(r"&lt;\1\2", text)
 
 
 def _workspace_part(workspace: Workspace) -> str:

@@ -5,7 +5,8 @@
     │   └── ConfigurationError  something must be installed or set first
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
-    │   └── TaskRunningError    the task is being run by another runner
+    │   ├── TaskRunningError    the task is being run by another runner
+    │   └── ForgottenError      the user was forgotten after this learning began
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
@@ -46,6 +47,17 @@ class ConflictError(CogencyError):
 
 class TaskRunningError(ConflictError):
     """The task is being run right now by another runner."""
+
+
+class ForgottenError(ConflictError):
+    """The user was forgotten after this learning began, so nothing of it is stored."""
+
+    def __init__(self, user_id: str) -> None:
+        super().__init__(
+            f"user {user_id!r} was forgotten after this learning began: nothing learned "
+            "before a forget is stored"
+        )
+        self.user_id = user_id
 
 
 class StorageError(CogencyError):
