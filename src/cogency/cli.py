@@ -5,8 +5,10 @@ time (typer and rich import in ~0.5 s on a busy machine, more than the rest of c
 works from the core install, with no extra dependency.
 
     cogency run "query" [--user U] [--conversation C] [--llm L] [--tools files,shell,http]
+                        [--mcp "command args"]...
     cogency resume TASK_ID
-    cogency tasks | conversations [show ID] | profile show|forget USER
+    cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
+    cogency tasks [release TASK_ID --user U] | conversations [show ID] | profile show|forget USER
 
 Errors print one line (``error: …``) on stderr and exit 1 (``--debug`` adds the traceback);
 Ctrl-C exits 130 and leaves the task resumable.
@@ -57,17 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
-    from .agent import Agent
-
     store = _store(args)
     try:
-        agent = Agent(
-            llm=args.llm,
-            tools=builtin_tools(args.tools, Path(args.root)),
-            store=store,
-            max_iterations=args.max_iterations,
-        )
-        async with agent:
+        async with _agent(args, store) as agent:
             start = getattr(agent.llm, "start", None)
             if start is not None:  # the offline model: fetch and load it before the spinner
                 await start()
@@ -80,7 +74,34 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         await store.close()
 
 
+async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    from .mcp_server import serve_stdio
+    from .tools.mcp import require_sdk
+
+    require_sdk()
+    store = _store(args)
+    try:
+        async with _agent(args, store) as agent:
+            await serve_stdio(agent, args.user)
+    finally:
+        await store.close()
+    return EXIT_OK
+
+
+def _agent(args: argparse.Namespace, store: Any) -> Any:
+    from .agent import Agent
+
+    return Agent(
+        llm=args.llm,
+        tools=[*builtin_tools(args.tools, Path(args.root)), *mcp_servers(args.mcp)],
+        store=store,
+        max_iterations=args.max_iterations,
+    )
+
+
 async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    if args.release:
+        return await _release(args)
     store = _store(args)
     try:
         tasks = await store.list_tasks(args.user)
@@ -100,6 +121,22 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         print(f"{style.bold(task.task_id)}  {task.user_id}  {_iso(task.updated_at)}  "
               f"{_clip(task.query, 60)}")
     print(style.dim("resume one with: cogency resume TASK_ID --user USER"))
+    return EXIT_OK
+
+
+async def _release(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+
+    if not args.task_id or not args.user:
+        raise UsageError("usage: cogency tasks release TASK_ID --user USER")
+    store = _store(args)
+    try:
+        runner = await store.force_release(args.task_id, args.user)
+    finally:
+        await store.close()
+    held = f" from runner {runner}" if runner else " (no runner held it)"
+    print(f"released task {args.task_id}{held}; its later writes are refused. "
+          f"Resume it with: cogency resume {args.task_id} --user {args.user}")
     return EXIT_OK
 
 
@@ -343,6 +380,19 @@ def builtin_tools(spec: str | None, root: Path) -> list[Any]:
     return tools
 
 
+def mcp_servers(specs: Sequence[str] | None) -> list[Any]:
+    """An ``MCPServer`` for each ``--mcp``: a command line (stdio) or an http(s) URL."""
+    if not specs:
+        return []
+    from .tools.mcp import MCPServer
+
+    return [
+        MCPServer(url=spec.strip()) if spec.strip().startswith(("http://", "https://"))
+        else MCPServer(spec)
+        for spec in specs
+    ]
+
+
 def _store(args: argparse.Namespace) -> Any:
     from .storage import open_store
 
@@ -376,15 +426,19 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show tracebacks")
     user = argparse.ArgumentParser(add_help=False)
     user.add_argument("--user", default="default", help="user id (default: %(default)s)")
-    running = argparse.ArgumentParser(add_help=False)
-    running.add_argument("--llm", help="model: openai:MODEL, anthropic:MODEL, gemini:MODEL, "
+    agent = argparse.ArgumentParser(add_help=False)
+    agent.add_argument("--llm", help="model: openai:MODEL, anthropic:MODEL, gemini:MODEL, "
                                        "ollama:MODEL, local, local:/path.gguf, or "
                                        "module:factory (default: $COGENCY_LLM, API keys, local)")
-    running.add_argument("--tools", default="", help=f"built-in tools, comma separated: "
-                                                     f"{','.join(TOOL_SETS)}")
-    running.add_argument("--root", default=".", help="directory the files and shell tools are "
-                                                     "confined to (default: current)")
-    running.add_argument("--max-iterations", type=int, default=10)
+    agent.add_argument("--tools", default="", help=f"built-in tools, comma separated: "
+                                                   f"{','.join(TOOL_SETS)}")
+    agent.add_argument("--root", default=".", help="directory the files and shell tools are "
+                                                   "confined to (default: current)")
+    agent.add_argument("--mcp", action="append", metavar="COMMAND_OR_URL",
+                       help='an MCP server\'s tools: "command args" (stdio) or an http(s) URL; '
+                            "repeatable")
+    agent.add_argument("--max-iterations", type=int, default=10)
+    running = argparse.ArgumentParser(add_help=False, parents=[agent])
     running.add_argument("--json", action="store_true", help="events as JSON lines")
 
     parser = argparse.ArgumentParser(
@@ -399,7 +453,15 @@ def _parser() -> argparse.ArgumentParser:
                                  help="continue an unfinished task")
     resume.add_argument("task_id")
     resume.set_defaults(handler=_run)
-    tasks = commands.add_parser("tasks", parents=[common], help="list unfinished tasks")
+    mcp = commands.add_parser("mcp", parents=[common, user, agent],
+                              help="serve an agent over MCP (stdio) for the user")
+    mcp.set_defaults(handler=_mcp)
+    tasks = commands.add_parser(
+        "tasks", parents=[common],
+        help="list unfinished tasks, or: tasks release TASK_ID --user USER (take a task from "
+             "a runner known to be dead)")
+    tasks.add_argument("release", nargs="?", choices=["release"], help=argparse.SUPPRESS)
+    tasks.add_argument("task_id", nargs="?", help=argparse.SUPPRESS)
     tasks.add_argument("--user", help="only this user's")
     tasks.add_argument("--json", action="store_true")
     tasks.set_defaults(handler=_tasks)
