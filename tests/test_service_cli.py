@@ -41,11 +41,11 @@ def test_keys_create_list_revoke(tmp_path):
     assert key.startswith("cog_") and "shown only now" in made.stderr
     [(key_id, user, key_hash)] = rows(db, "SELECT key_id, user_id, key_hash FROM api_keys")
     assert user == "alice" and key_id in key
-    assert key not in key_hash and key.split("_")[2] not in key_hash
+    assert key not in key_hash and key.split("_", 2)[2] not in key_hash
     listed = cogency("keys", "list", "--db", db, "--json")
     entry = json.loads(listed.stdout)
     assert entry["key_id"] == key_id and entry["state"] == "active" and entry["name"] == "laptop"
-    assert key.split("_")[2] not in listed.stdout
+    assert key.split("_", 2)[2] not in listed.stdout
     revoked = cogency("keys", "revoke", key, "--db", db)  # a whole key works as well as its id
     assert revoked.returncode == 0 and f"revoked key {key_id}" in revoked.stdout
     assert json.loads(cogency("keys", "list", "--db", db, "--json").stdout)["state"] == "revoked"

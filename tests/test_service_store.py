@@ -17,10 +17,10 @@ async def test_keys_are_stored_hashed_and_checked(any_store, raw):
     assert key.startswith("cog_") and record.key_id in key
     stored = await raw("SELECT key_id, user_id, key_hash, name FROM api_keys")
     assert stored == [(record.key_id, "alice", record.key_hash, "laptop")]
-    assert key.split("_")[2] not in str(stored)  # the secret is not stored, only its hash
+    assert key.split("_", 2)[2] not in str(stored)  # the secret is not stored, only its hash
     assert (await authenticate(any_store, key)).user_id == "alice"
     assert await authenticate(any_store, key[:-1] + ("A" if key[-1] != "A" else "B")) is None
-    assert await authenticate(any_store, "cog_0000000000000000_" + key.split("_")[2]) is None
+    assert await authenticate(any_store, "cog_0000000000000000_" + key.split("_", 2)[2]) is None
     assert await authenticate(any_store, key + "x") is None
     _, other = await create_key(any_store, "bob")
     assert [k.user_id for k in await any_store.list_api_keys()] == ["alice", "bob"]
