@@ -410,13 +410,16 @@ class PostgresStore:
         *,
         write: bool = True,
         transaction: bool = True,
+        idempotent: bool = False,
     ) -> T:
         """Run ``work`` on a pooled connection, in one transaction unless told otherwise.
 
         Run again from the start: a deadlock victim; a transaction whose connection died before
         its COMMIT was sent (the server rolled it back, nothing of it is stored); a read, or a
-        ``write=False`` statement that may safely repeat. A connection lost during a COMMIT is
-        reported, never retried: that change may have landed.
+        ``write=False`` statement that may safely repeat; an ``idempotent`` write (one that
+        finds its own earlier landing). Another write whose connection was lost during its
+        COMMIT (or its single statement) is reported, never retried: that change may have
+        landed.
         """
         asyncpg = _driver()
         pool = await self._ready()
@@ -436,6 +439,7 @@ class PostgresStore:
             committing = False
             try:
                 if not transaction:
+                    committing = write  # a lone statement commits as it runs
                     return await work(db)
                 async with db.transaction():
                     result = await work(db)
@@ -453,7 +457,7 @@ class PostgresStore:
             except Exception as exc:
                 if _lost(exc):
                     _drop(db)
-                if _lost(exc) and not committing and (transaction or not write):
+                if _lost(exc) and (idempotent or not committing and (transaction or not write)):
                     lost_connections += 1
                     if lost_connections <= _LOST_CONNECTION_RETRIES and attempt + 1 < _RETRIES:
                         continue  # nothing of it is stored: run it again on a new connection
@@ -484,9 +488,9 @@ class PostgresStore:
             )
         if _lost(exc) and committing:
             return StoreUnavailableError(
-                f"the connection to PostgreSQL at {self._where()} was lost during the COMMIT "
-                f"of {operation} ({type(exc).__name__}: {exc}); the change may or may not have "
-                "been stored: reload before retrying"
+                f"the connection to PostgreSQL at {self._where()} was lost before the outcome "
+                f"of {operation} was known ({type(exc).__name__}: {exc}); the change may or may "
+                "not have been stored: reload before retrying"
             )
         if _lost(exc):
             return StoreUnavailableError(
@@ -764,47 +768,43 @@ class PostgresStore:
         return await self._read("listing tasks", work)
 
     async def save(self, batch: SaveBatch) -> int:
+        check = batch.workspace is not None or batch.complete or batch.epoch is not None
+        messages = batch.messages
+
         async def work(db: asyncpg.Connection) -> int:
+            # One statement, so one round trip and atomic without BEGIN/COMMIT: the fence, the
+            # version check and the writes. A second writer of this task waits for the first
+            # one's row lock, then finds the row moved on.
             stamp = _time.now()
-            version = batch.expected_version
-            fenced = batch.epoch is None
-            # The fence, the version check and the write are one statement: a second writer
-            # of this task waits for the first one's row lock, then finds the row moved on.
-            if batch.complete:
-                while await db.fetchval(
-                    "DELETE FROM task_workspaces WHERE task_id = $1 AND user_id = $2 "
-                    "AND version = $3 AND ($4::int IS NULL OR epoch = $4) RETURNING 1",
-                    batch.task_id, batch.user_id, version, batch.epoch,
-                ) is None:
-                    landed = await _save_problem(db, batch)
-                    if landed is None:
-                        return version  # an earlier attempt of this completion landed
-                    version = landed
-                fenced = True
-            elif batch.workspace is not None:
-                step = 1
-                while (written := await db.fetchval(
-                    "UPDATE task_workspaces SET workspace_data = $1, version = version + $8, "
-                    "updated_at = $2, last_save = $6 WHERE task_id = $3 AND user_id = $4 "
-                    "AND version = $5 AND ($7::int IS NULL OR epoch = $7) RETURNING version",
-                    dumps(batch.workspace), stamp, batch.task_id, batch.user_id, version,
-                    batch.save_id, batch.epoch, step,
-                )) is None:
-                    landed = await _save_problem(db, batch)
-                    if landed is None:
-                        return version
-                    version, step = landed, 0  # write the landed version again
-                version, fenced = written, True
-            if batch.messages or not fenced:
-                await _append(db, batch, stamp, None if fenced else batch.epoch)
-            if batch.profile is not None:
-                await _put_profile(db, batch.profile, stamp)
-            return int(version)
+            version, step = batch.expected_version, 1 if batch.workspace is not None else 0
+            while True:
+                rows = await db.fetch(
+                    _SAVE, batch.conversation_id, stamp, batch.user_id, batch.task_id,
+                    batch.epoch, None if batch.workspace is None else dumps(batch.workspace),
+                    version, step, batch.save_id, batch.complete, check,
+                    [m["role"] for m in messages],
+                    [_put_text(m["content"]) for m in messages],
+                    [m.get("task_id") for m in messages],
+                    [m.get("tokens", 0) for m in messages],
+                    [m.get("created_at") or stamp.isoformat() for m in messages],
+                    [m.get("id") for m in messages],
+                    None if batch.profile is None else dumps(batch.profile.to_dict()),
+                )
+                if any(row["kind"] == 0 for row in rows):
+                    break
+                if not check:
+                    raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
+                landed = await _save_problem(db, batch)
+                if landed is None:
+                    return version  # an earlier attempt of this completion landed
+                version, step = landed, 0  # write the landed version again
+            _number(messages, rows)
+            return int(next(row["seq"] for row in rows if row["kind"] == 0))
 
         if not batch.complete:
-            return await self._use("saving a task", work)
+            return await self._use("saving a task", work, transaction=False, idempotent=True)
         try:
-            return await self._use("completing a task", work)
+            return await self._use("completing a task", work, transaction=False, idempotent=True)
         finally:
             # A completed task needs no runner; one whose completion failed is released by
             # its runner.
@@ -958,6 +958,60 @@ async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime
         "updated_at = excluded.updated_at",
         profile.user_id, dumps(profile.to_dict()), stamp,
     )
+
+
+_SAVE = (
+    # $1 conversation, $2 stamp, $3 user, $4 task, $5 epoch (fence when set), $6 workspace
+    # (written when set), $7 expected version, $8 version step, $9 save id, $10 complete,
+    # $11 check the task row at all, $12-$17 the messages, $18 profile (written when set).
+    # Returns one row of kind 0 (the version) when it wrote, kind 1 per message stored
+    # before (a retry), kind 2 the seq before the first new message.
+    "WITH conv AS (SELECT 1 FROM conversations WHERE conversation_id = $1 AND user_id = $3), "
+    "task AS (UPDATE task_workspaces SET workspace_data = COALESCE($6::json, workspace_data), "
+    "version = version + $8::int, updated_at = $2, last_save = COALESCE($9::text, last_save) "
+    "WHERE $11::bool AND NOT $10::bool AND task_id = $4 AND user_id = $3 "
+    "AND EXISTS (SELECT 1 FROM conv) AND ($6::json IS NULL OR version = $7::int) "
+    "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
+    "gone AS (DELETE FROM task_workspaces WHERE $11::bool AND $10::bool AND task_id = $4 "
+    "AND user_id = $3 AND EXISTS (SELECT 1 FROM conv) AND version = $7::int "
+    "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
+    "ok AS (SELECT version FROM task UNION ALL SELECT version FROM gone "
+    "UNION ALL SELECT $7::int WHERE NOT $11::bool AND EXISTS (SELECT 1 FROM conv)), "
+    "m AS (SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::int[], "
+    "$16::text[], $17::text[]) WITH ORDINALITY "
+    "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
+    "old AS (SELECT x.message_id, x.seq FROM m JOIN conversation_messages x "
+    "ON x.conversation_id = $1 AND x.message_id = m.message_id), "
+    "fresh AS (SELECT m.*, row_number() OVER (ORDER BY ord) AS n FROM m "
+    "WHERE m.message_id IS NULL OR m.message_id NOT IN (SELECT message_id FROM old)), "
+    "counter AS (UPDATE conversations SET message_count = message_count + "
+    "(SELECT count(*) FROM fresh), updated_at = $2 WHERE conversation_id = $1 "
+    "AND user_id = $3 AND EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM fresh) "
+    "RETURNING message_count - (SELECT count(*) FROM fresh) AS base), "
+    "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, "
+    "task_id, tokens, created_at, message_id) SELECT $1, counter.base + fresh.n, "
+    "fresh.role, fresh.content, fresh.task_id, fresh.tokens, fresh.created_at, "
+    "fresh.message_id FROM counter, fresh), "
+    "profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+    "SELECT $3, $18::json, $2 WHERE $18::json IS NOT NULL AND EXISTS (SELECT 1 FROM ok) "
+    "ON CONFLICT (user_id) DO UPDATE SET profile_data = excluded.profile_data, "
+    "updated_at = excluded.updated_at) "
+    "SELECT 0 AS kind, NULL AS message_id, version AS seq FROM ok "
+    "UNION ALL SELECT 1, message_id, seq FROM old "
+    "UNION ALL SELECT 2, NULL, base FROM counter"
+)
+
+
+def _number(messages: Sequence[dict[str, Any]], rows: Sequence[Any]) -> None:
+    """Give each message its seq: a stored one's (kind 1 rows), else the next new one."""
+    stored = {row["message_id"]: row["seq"] for row in rows if row["kind"] == 1}
+    base = next((row["seq"] for row in rows if row["kind"] == 2), 0)
+    for message in messages:
+        if message.get("id") in stored:
+            message["seq"] = stored[message["id"]]
+        else:
+            base += 1
+            message["seq"] = base
 
 
 async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
