@@ -168,9 +168,9 @@ async def round_trip(store: PostgresStore, count: int = 200) -> float:
 # -- part 3: round trips -----------------------------------------------------------------------
 
 
-async def round_trips(turns: int = 3) -> dict[str, int]:
+async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
     """Statements sent to the server during one one-step turn, by the store call that sent
-    them (after ``turns`` warm-up turns in the same conversation)."""
+    them (after ``turns`` warm-up turns in the same conversation) on database ``dsn``."""
     import asyncpg
 
     sent = [0]
@@ -190,35 +190,34 @@ async def round_trips(turns: int = 3) -> dict[str, int]:
         return await originals["executemany"](self, *args, **options)
 
     phases: dict[str, int] = {}
-    async with fresh_database() as dsn:
-        store = PostgresStore(dsn)
-        for name in ("begin_task", "load_messages", "save", "claim_task", "release_task"):
-            method = getattr(store, name)
+    store = PostgresStore(dsn)
+    for name in ("begin_task", "load_messages", "save", "claim_task", "release_task"):
+        method = getattr(store, name)
 
-            async def counted(*args, _method=method, _name=name, **options):
-                before = sent[0]
-                try:
-                    return await _method(*args, **options)
-                finally:
-                    phases[_name] = phases.get(_name, 0) + sent[0] - before
+        async def counted(*args, _method=method, _name=name, **options):
+            before = sent[0]
+            try:
+                return await _method(*args, **options)
+            finally:
+                phases[_name] = phases.get(_name, 0) + sent[0] - before
 
-            setattr(store, name, counted)
-        connection.execute, connection._execute = execute, _execute
-        connection.executemany = executemany
-        try:
-            conversation = None
-            for turn in range(turns + 1):
-                phases.clear()
-                before = sent[0]
-                agent = Agent(llm=ScriptedLLM([{"secure": True, "response": f"answer {turn}",
-                                                "actions": []}]), store=store)
-                result = await agent.run(f"turn {turn}", "alice", conversation)
-                conversation = result.conversation_id
-                phases["total"] = sent[0] - before
-        finally:
-            for name, original in originals.items():
-                setattr(connection, name, original)
-            await store.close()
+        setattr(store, name, counted)
+    connection.execute, connection._execute = execute, _execute
+    connection.executemany = executemany
+    try:
+        conversation = None
+        for turn in range(turns + 1):
+            phases.clear()
+            before = sent[0]
+            agent = Agent(llm=ScriptedLLM([{"secure": True, "response": f"answer {turn}",
+                                            "actions": []}]), store=store)
+            result = await agent.run(f"turn {turn}", "alice", conversation)
+            conversation = result.conversation_id
+            phases["total"] = sent[0] - before
+    finally:
+        for name, original in originals.items():
+            setattr(connection, name, original)
+        await store.close()
     return phases
 
 
@@ -291,7 +290,8 @@ async def main(quick: bool) -> None:
           f"late/early on postgres: x{pg['late'] / pg['early']:.2f}")
     print(f"   one PostgreSQL round trip (SELECT 1, same pool, same moment): "
           f"{pg['round_trip']:.3f} ms; a turn costs {pg['median'] / pg['round_trip']:.0f} of them")
-    trips = await round_trips()
+    async with fresh_database() as dsn:
+        trips = await round_trips(dsn)
     print("\n3. round trips to PostgreSQL of one one-step turn (warm store): "
           f"{trips.pop('total')} in all; by store call: "
           + ", ".join(f"{name} {count}" for name, count in trips.items()))
