@@ -25,6 +25,7 @@ from ..errors import (
     CogencyError,
     ConfigurationError,
     ConflictError,
+    ForgottenError,
     NotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -42,6 +43,7 @@ from .base import (
     conversation_record,
     decode,
     decode_profile,
+    generation_key,
     lease_lost,
     legacy_messages,
     no_conversation,
@@ -217,11 +219,23 @@ async def _m004_run_leases(db: asyncpg.Connection) -> None:
     )
 
 
+async def _m005_forget_generation(db: asyncpg.Connection) -> None:
+    # Outlives the user's other rows on purpose: learning that began before a forget
+    # compares its generation inside its write, so a forgotten user can never be re-learned
+    # from erased data, whichever process or Memory learns. Keyed by a hash of the user id:
+    # nothing readable of a forgotten user stays behind.
+    await db.execute(
+        "CREATE TABLE user_generations (user_key TEXT PRIMARY KEY, "
+        "generation INTEGER NOT NULL)"
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
+    ("m005_forget_generation", _m005_forget_generation),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -876,8 +890,22 @@ class PostgresStore:
 
         return await self._read("loading a profile", work)
 
-    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
+    async def update_profile(
+        self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
+    ) -> Profile:
         async def work(db: asyncpg.Connection) -> Profile:
+            if generation is not None:
+                # Locks the user's generation row (made if missing) until commit; forget_user
+                # takes the same lock first, so one of the two waits for the other to finish,
+                # and the value read here is the latest committed one.
+                now = await db.fetchval(
+                    "INSERT INTO user_generations (user_key, generation) VALUES ($1, 0) "
+                    "ON CONFLICT (user_key) DO UPDATE SET generation = "
+                    "user_generations.generation RETURNING generation",
+                    generation_key(user_id),
+                )
+                if now != generation:
+                    raise ForgottenError(user_id)
             stamp = _time.now()
             # Create the row first so that concurrent updaters of a new profile also queue on
             # its lock instead of both starting from an empty profile.
@@ -902,6 +930,13 @@ class PostgresStore:
 
     async def forget_user(self, user_id: str) -> None:
         async def work(db: asyncpg.Connection) -> None:
+            # First: from here on, learning that began before waits for this transaction and
+            # then sees the new generation (see update_profile).
+            await db.execute(
+                "INSERT INTO user_generations (user_key, generation) VALUES ($1, 1) "
+                "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation + 1",
+                generation_key(user_id),
+            )
             # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
             # explicit deletes also cover rows written before the cascades existed.
             await db.execute(
@@ -915,6 +950,16 @@ class PostgresStore:
 
         await self._use("forgetting a user", work)
         self._windows.clear()
+
+    async def user_generation(self, user_id: str) -> int:
+        async def work(db: asyncpg.Connection) -> int:
+            value = await db.fetchval(
+                "SELECT generation FROM user_generations WHERE user_key = $1",
+                generation_key(user_id),
+            )
+            return 0 if value is None else int(value)
+
+        return await self._read("reading a user's generation", work)
 
 
 # -- row helpers ----------------------------------------------------------------------------

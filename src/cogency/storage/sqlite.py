@@ -15,6 +15,7 @@ from .. import _time
 from .._json import dumps
 from ..errors import (
     ConflictError,
+    ForgottenError,
     NotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -32,6 +33,7 @@ from .base import (
     conversation_record,
     decode,
     decode_profile,
+    generation_key,
     lease_lost,
     legacy_messages,
     no_conversation,
@@ -190,11 +192,23 @@ def _script(db: sqlite3.Connection, sql: str) -> None:
             statement = ""
 
 
+def _m005_forget_generation(db: sqlite3.Connection) -> None:
+    # Outlives the user's other rows on purpose: learning that began before a forget
+    # compares its generation inside its write, so a forgotten user can never be re-learned
+    # from erased data, whichever process or Memory learns. Keyed by a hash of the user id:
+    # nothing readable of a forgotten user stays behind.
+    db.execute(
+        "CREATE TABLE user_generations (user_key TEXT PRIMARY KEY, "
+        "generation INTEGER NOT NULL)"
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
+    ("m005_forget_generation", _m005_forget_generation),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -648,8 +662,13 @@ class SQLiteStore:
 
         return await self._run(work)
 
-    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
+    async def update_profile(
+        self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
+    ) -> Profile:
         def work(db: sqlite3.Connection) -> Profile:
+            # BEGIN IMMEDIATE orders this write against forget_user's: read inside it.
+            if generation is not None and _generation(db, user_id) != generation:
+                raise ForgottenError(user_id)
             row = db.execute(
                 "SELECT profile_data FROM user_profiles WHERE user_id = ?", (user_id,)
             ).fetchone()
@@ -679,9 +698,17 @@ class SQLiteStore:
             db.execute("DELETE FROM task_workspaces WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM conversations WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM user_profiles WHERE user_id = ?", (user_id,))
+            db.execute(
+                "INSERT INTO user_generations (user_key, generation) VALUES (?, 1) "
+                "ON CONFLICT(user_key) DO UPDATE SET generation = generation + 1",
+                (generation_key(user_id),),
+            )
             self._windows.clear()
 
         await self._run(self._write(work))
+
+    async def user_generation(self, user_id: str) -> int:
+        return await self._run(lambda db: _generation(db, user_id))
 
 
 # -- row helpers (run on the worker thread) -------------------------------------------------
@@ -692,6 +719,13 @@ def _ensure_profile(db: sqlite3.Connection, user_id: str, stamp: str) -> None:
         "INSERT OR IGNORE INTO user_profiles (user_id, profile_data, updated_at) VALUES (?, ?, ?)",
         (user_id, dumps(Profile(user_id).to_dict()), stamp),
     )
+
+
+def _generation(db: sqlite3.Connection, user_id: str) -> int:
+    row = db.execute(
+        "SELECT generation FROM user_generations WHERE user_key = ?", (generation_key(user_id),)
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _put_profile(db: sqlite3.Connection, profile: Profile, stamp: str) -> None:
