@@ -139,6 +139,20 @@ async def test_openai_on_llama_cpp_a_context_400_is_mapped_then_trimmed(llama_se
     assert result.usage.calls == 1  # the rejected call cost nothing
 
 
+async def test_the_local_model_recognises_a_cut_off_reply_too(llama_server, store):
+    from cogency.llm import LocalLLM
+    from cogency.llm._local import default_model_path
+
+    llm = LocalLLM(default_model_path(), n_ctx=2048, threads=1, max_tokens=8)
+    async with Agent(llm=llm, store=store, max_iterations=1, invalid_retries=1) as agent:
+        events, result = await run(agent, QUESTION, user_id="lo")
+    await llm.close()
+    errors = [event.message for event in of(events, "error")]
+    assert "cut off at the output token limit (8 tokens)" in errors[0], errors
+    assert "cut off at the output token limit (16 tokens)" in errors[1], errors
+    assert result.stop_reason == "invalid_response" and result.usage.output_tokens == 24
+
+
 # -- Anthropic's Messages API on llama.cpp -----------------------------------------------------
 
 
@@ -203,6 +217,9 @@ async def test_gemini_through_litellm_run_stream_schema(litellm_proxy, store, db
     assert_ended_by(step, result)
     assert len(of(events, "token")) > 5
     assert result.usage.calls == 1
+    # LiteLLM 1.106.2's Gemini stream sends usageMetadata of zeros: nothing to sum (the
+    # adapter reads it: see generate() below, and test_llm_gemini.py's fake stream)
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 0)
     stored = db.execute("SELECT role FROM conversation_messages ORDER BY seq").fetchall()
     assert stored == [("user",), ("assistant",)]
 
