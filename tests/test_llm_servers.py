@@ -162,7 +162,7 @@ def anthropic(url: str, **options) -> AnthropicLLM:
 
 
 async def test_anthropic_on_llama_cpp_streams_text_the_schema_is_not_enforced(
-    llama_server, store
+    llama_server, store, caplog
 ):
     llm = anthropic(llama_server, temperature=0)  # temperature reaches the wire (it was a
     async with Agent(llm=llm, store=store, max_iterations=1, invalid_retries=0) as agent:
@@ -175,6 +175,7 @@ async def test_anthropic_on_llama_cpp_streams_text_the_schema_is_not_enforced(
     [invalid] = of(events, "error")[:1]
     assert invalid.message.startswith("invalid reply:")
     assert result.stop_reason == "invalid_response"
+    assert "ignores tool_choice, so structured output is not enforced" in caplog.text
     assert result.usage.calls == 1 and result.usage.input_tokens > 300
     assert 0 < result.usage.output_tokens <= 60
 
