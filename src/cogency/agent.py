@@ -268,7 +268,13 @@ class Agent:
                 if not stored:  # begun by State.start_task alone: the query is not stored yet
                     add_message(state, "user", state.query)
                     await save()
-            memory = await self.memory.activate(state.user_id) if self.memory else ""
+            memory, generation = "", 0
+            if self.memory is not None:
+                # Read before anything of this run is learnable: a forget from here on (any
+                # process) keeps this run's learning from being stored. One that came between
+                # opening the task and here erased its rows, so the run cannot complete.
+                generation = await self.memory.generation(state.user_id)
+                memory = await self.memory.activate(state.user_id)
             while True:
                 if ex.iteration >= ex.max_iterations:
                     ex.stop_reason = "max_iterations"
@@ -377,7 +383,7 @@ class Agent:
             emit(Response(task, ex.response))
         if self.memory is not None and ex.stop_reason == "completed":
             # In the background: the answer never waits for learning; close() settles it.
-            self.memory.learn_later(state.user_id, interaction_of(state))
+            self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
         emit(End(task, ex.stop_reason or "error", ex.iteration))
         return AgentResult(
             response=ex.response,
@@ -435,16 +441,14 @@ class Agent:
         if saving is not None:
             await asyncio.wait([saving])  # if it failed, the save below retries it
         try:
-            if not write:
-                pass
-            elif state.execution.stop_reason in ("completed", "security"):
+            if write and state.execution.stop_reason in ("completed", "security"):
                 await state.complete_task()  # which lets the task go: nothing to release
                 return
-            else:
+            if write:
                 await autosave(state)
-        except LeaseLostError:
-            raise  # the task is another runner's now
         except BaseException:
+            # Also after LeaseLostError: a release names this runner, so it never frees the
+            # task from the runner that holds it now.
             await self.store.release_task(state.task_id, runner)
             raise
         await self.store.release_task(state.task_id, runner)

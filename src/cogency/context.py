@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import operator
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._fence import fence
 from .errors import ContextWindowError
 from .llm.base import Message
 from .reason import SECURITY_PREAMBLE, contract
@@ -167,7 +167,7 @@ def _chat(message: dict[str, Any]) -> Message:
 def render_tool_message(content: str) -> str:
     """A stored tool result as the model sees it: delimited and marked as data."""
     header, body = _tool_parts(content)
-    return f"{header}{_fence(body)}{TOOL_FOOTER}"
+    return f"{header}{fence(body)}{TOOL_FOOTER}"
 
 
 TOOL_FOOTER = "\n</tool_output>"
@@ -185,7 +185,7 @@ def _tool_parts(content: str) -> tuple[str, str]:
     body = result.get("output", "") if result.get("ok") else result.get("error", "")
     args = json.dumps(result.get("args", {}), ensure_ascii=False)
     header = (
-        f"TOOL RESULT {_fence(str(result.get('name')))}({_fence(args)}) [{status}] "
+        f"TOOL RESULT {fence(str(result.get('name')))}({fence(args)}) [{status}] "
         f"({TOOL_DATA_NOTE}):\n<tool_output>\n"
     )
     return header, str(body)
@@ -202,15 +202,7 @@ def _cut_tool(content: str, budget: int) -> Message:
         f"\n[… {len(left):,} more characters (~{count_tokens(left):,} tokens) of this tool "
         "result left out: too large for the model's context window]"
     )
-    return {"role": "user", "content": f"{header}{_fence(kept)}{marker}{TOOL_FOOTER}"}
-
-
-_TAG = re.compile(r"<(\s*/?\s*)(tool_output)", re.I)
-
-
-def _fence(text: str) -> str:
-    """``text`` unable to open or close the data block: its own tags are escaped."""
-    return _TAG.sub(r"&lt;\1\2", text)
+    return {"role": "user", "content": f"{header}{fence(kept)}{marker}{TOOL_FOOTER}"}
 
 
 def _workspace_part(workspace: Workspace) -> str:

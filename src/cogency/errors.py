@@ -6,8 +6,9 @@
     │   └── ContextWindowError  the query cannot fit the model's context window
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
-    │   └── TaskRunningError    the task is being run by another runner
-    │       └── LeaseLostError    this runner's hold on its task was taken over or released
+    │   ├── TaskRunningError    the task is being run by another runner
+    │   │   └── LeaseLostError    this runner's hold on its task was taken over or released
+    │   └── ForgottenError      the user was forgotten after this learning began
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
@@ -54,6 +55,17 @@ class TaskRunningError(ConflictError):
 class LeaseLostError(TaskRunningError):
     """This runner no longer holds its task (another runner took it over, or it was released
     by force): the run stops and writes nothing more."""
+
+
+class ForgottenError(ConflictError):
+    """The user was forgotten after this learning began, so nothing of it is stored."""
+
+    def __init__(self, user_id: str) -> None:
+        super().__init__(
+            f"user {user_id!r} was forgotten after this learning began: nothing learned "
+            "before a forget is stored"
+        )
+        self.user_id = user_id
 
 
 class StorageError(CogencyError):
