@@ -225,6 +225,18 @@ async def test_gemini_through_litellm_run_stream_schema(litellm_proxy, store, db
     assert stored == [("user",), ("assistant",)]
 
 
+async def test_gemini_through_litellm_calls_a_tool(litellm_proxy, store):
+    llm = gemini(litellm_proxy)
+    async with Agent(llm=llm, tools=[add], store=store, max_iterations=1) as agent:
+        events, result = await run(agent, "Use the add tool to add 2 and 3.", user_id="gt")
+    await llm.close()
+    [action] = of(events, "action")
+    [done] = of(events, "result")
+    assert action.name == "add" and set(action.args) == {"a", "b"}
+    assert done.ok and done.output == str(action.args["a"] + action.args["b"])
+    assert result.stop_reason == "max_iterations"
+
+
 async def test_gemini_through_litellm_usage_and_errors(litellm_proxy, store):
     llm = gemini(litellm_proxy, max_tokens=16)
     reply = await llm.generate([{"role": "user", "content": QUESTION}],
