@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -13,8 +15,34 @@ from conftest import IN_CI
 from cogency import Agent
 from cogency.errors import ConfigurationError
 from cogency.llm import LocalLLM, OpenAILLM
-from cogency.llm._local import MODEL_MEMBER, cache_dir, default_model_path
+from cogency.context import system_prompt
+from cogency.llm._local import (
+    ANSWER,
+    LIST_ITEMS,
+    MODEL_MEMBER,
+    cache_dir,
+    default_model_path,
+    local_schema,
+    plain_messages,
+)
+from cogency.llm._local import _finished as finished
+from cogency.llm._schema import walk
+from cogency.memory.synthesizer import INSIGHT_SCHEMA
 from cogency.reason import parse_step, step_schema
+from cogency.tools import tool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.bench_offline import compare  # noqa: E402
+from bench.offline_questions import QUESTIONS  # noqa: E402
+
+
+def tool_named(name: str):
+    def read(path: str) -> str:
+        """Read a file."""
+        return path
+
+    read.__name__ = name
+    return tool(read)
 
 FAKE_GGUF = b"GGUF" + b"\x03\x00\x00\x00" + bytes(range(256)) * 64
 
@@ -110,10 +138,94 @@ async def test_agent_run_completes_offline(model_path, store, db):
     assert result.stop_reason == "completed", result.error
     assert result.iterations == 1
     assert "4" in result.response
-    assert result.usage.input_tokens > 100 and result.usage.output_tokens > 10
+    assert result.usage.input_tokens > 10 and result.usage.output_tokens > 3
     rows = db.execute("SELECT role, content FROM conversation_messages ORDER BY seq").fetchall()
     assert rows == [("user", "What is 2 + 2?"), ("assistant", result.response)]
     assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (0,)
+
+
+# The benchmark's path (bench/bench_offline.py) on a few of its questions: the same server
+# asked plainly and through the agent. The full run and its figures: docs/benchmarks.md.
+CI_QUESTIONS = (
+    "What is the capital of Germany?", "What is 100 divided by 4?", "Name three colours.",
+    "Which planet do we live on?", "What is the opposite of hot?",
+)
+
+
+async def test_agent_answers_at_least_as_well_as_the_model_asked_plainly(
+    model_path, db_path, db
+):
+    questions = [q for q in QUESTIONS if q.text in CI_QUESTIONS]
+    llm = LocalLLM(model_path, n_ctx=2048)
+    try:
+        plain, through = await compare(llm, questions, str(db_path))
+    finally:
+        await llm.close()
+    assert sum(through.right) >= sum(plain.right), (plain.answers, through.answers)
+    assert sum(through.right) >= 3, through.answers
+    for answer in through.answers:
+        # never the contract's own text, never JSON leaking through as the answer
+        assert answer and "final answer" not in answer and not answer.lstrip().startswith("{")
+    stored = [content for (content,) in db.execute(
+        "SELECT content FROM conversation_messages WHERE role = 'assistant' ORDER BY rowid")]
+    assert stored == through.answers
+
+
+async def test_learning_with_the_local_model_stores_a_valid_profile_quickly(
+    model_path, store, db, caplog
+):
+    llm = LocalLLM(model_path, n_ctx=4096)
+    agent = Agent(llm=llm, store=store, memory=True)
+    await agent.run("I am a Rust programmer. What is 2 + 2?", user_id="rustacean")
+    started = time.perf_counter()
+    await agent.close()
+    closing = time.perf_counter() - started
+    await llm.close()
+    (text,) = db.execute(
+        "SELECT profile_data FROM user_profiles WHERE user_id = 'rustacean'").fetchone()
+    profile = json.loads(text)
+    assert profile["interaction_count"] == 1, caplog.text  # the update was stored
+    assert "cancelling" not in caplog.text and closing < 25, closing
+    for name in ("goals", "expertise_areas", "interests", "constraints"):
+        assert len(profile[name]) <= LIST_ITEMS
+        assert all(any(ch.isalnum() for ch in item) for item in profile[name])
+
+
+# -- what the small model is sent (no model needed) ---------------------------------------------
+
+
+def test_a_step_that_can_only_answer_is_asked_as_plain_text():
+    llm = LocalLLM.__new__(LocalLLM)
+    llm.judge_security = False
+    no_tools = step_schema([], True)
+    assert llm.answers_plainly(no_tools)
+    llm.judge_security = True
+    assert not llm.answers_plainly(no_tools)
+    context = "USER CONTEXT: likes Rust\n\nWORKSPACE:\nobjective: \n\nEXECUTION:\niteration 1 of 10"
+    system = system_prompt(context + "\n\nTOOLS: none", "You are Ada.", True)
+    sent = plain_messages([{"role": "system", "content": system},
+                           {"role": "user", "content": "hi"}])
+    assert sent[0]["content"] == "USER CONTEXT: likes Rust\n\nYou are Ada.\n\n" + ANSWER
+    assert "JSON" not in sent[0]["content"] and sent[1] == {"role": "user", "content": "hi"}
+
+
+def test_local_schemas_are_short_and_bounded():
+    with_tools = local_schema(step_schema([tool_named("file_read")], True), False)
+    assert list(with_tools["properties"]) == ["secure", "response", "actions"]
+    assert with_tools["properties"]["secure"] == {"type": "boolean", "enum": [True]}
+    learning = local_schema(INSIGHT_SCHEMA, False)
+    for node in walk(learning):
+        if node.get("type") == "array":
+            assert node["maxItems"] <= LIST_ITEMS
+        if node.get("type") == "string":
+            assert node["maxLength"] <= 80
+    assert INSIGHT_SCHEMA["properties"]["goals"]["maxItems"] == 20  # the original is untouched
+
+
+def test_an_answer_cut_off_by_the_token_limit_ends_at_its_last_sentence():
+    assert finished("Paris is the capital. It has many muse") == "Paris is the capital."
+    assert finished("  The capital is Paris.  ") == "The capital is Paris."
+    assert finished("Paris, which is") == "Paris, which is…"
 
 
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
