@@ -223,9 +223,10 @@ def test_local_schemas_are_short_and_bounded():
 
 
 def test_an_answer_cut_off_by_the_token_limit_ends_at_its_last_sentence():
-    assert finished("Paris is the capital. It has many muse") == "Paris is the capital."
-    assert finished("  The capital is Paris.  ") == "The capital is Paris."
-    assert finished("Paris, which is") == "Paris, which is…"
+    assert finished("Paris is the capital. It has many muse", True) == "Paris is the capital."
+    assert finished("  The capital is Paris.  ", True) == "The capital is Paris."
+    assert finished("Paris, which is", True) == "Paris, which is…"
+    assert finished(" Paris", False) == "Paris"  # not cut: kept as it is
 
 
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):

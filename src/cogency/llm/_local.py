@@ -263,9 +263,10 @@ class LocalLLM(OpenAILLM):
         if self.answers_plainly(schema):
             # One step that can only answer: the model writes its answer as plain text and
             # the step is made of it here (see the class docstring).
-            async for piece in super().stream(plain_messages(messages), schema=None):
+            async for piece in super().stream(plain_messages(messages), schema=_PLAIN):
                 if isinstance(piece, Completion):
-                    piece = Completion(json.dumps({"response": _finished(piece.text)}),
+                    cut = piece.usage.output_tokens >= ANSWER_TOKENS  # stopped by the limit
+                    piece = Completion(json.dumps({"response": _finished(piece.text, cut)}),
                                        piece.usage)
                 yield piece
             return
@@ -283,10 +284,11 @@ class LocalLLM(OpenAILLM):
         return "response" in props and isinstance(actions, dict) and actions.get("maxItems") == 0
 
     def _request(self, messages: list[Message], schema: dict[str, Any] | None) -> dict[str, Any]:
-        request = super()._request(messages, schema)
-        if schema is None:
-            request["max_tokens"] = min(self.max_tokens or ANSWER_TOKENS, ANSWER_TOKENS)
-        return request
+        if schema is _PLAIN:
+            request = super()._request(messages, None)
+            request["max_tokens"] = ANSWER_TOKENS
+            return request
+        return super()._request(messages, schema)
 
     async def close(self) -> None:
         async with self._starting:
@@ -346,16 +348,20 @@ def _with_system(messages: list[Message], parts: list[str]) -> list[Message]:
     return [{"role": "system", "content": "\n\n".join(parts)}, *rest]
 
 
+_PLAIN: dict[str, Any] = {}
+"""The schema of a plain-text answer: none is sent, and the reply is :data:`ANSWER_TOKENS`
+tokens at most."""
+
 _SENTENCE_END = re.compile(r"[.!?。](?=\s|$)|\n")
 
 
-def _finished(text: str) -> str:
-    """A plain answer as the step's response: stripped, and if the token limit cut it off
-    mid-sentence, ended at its last whole sentence."""
+def _finished(text: str, cut: bool) -> str:
+    """A plain answer as the step's response: stripped, and if the token limit ``cut`` it
+    off mid-sentence, ended at its last whole sentence."""
     text = text.strip()
     if not text:
         return "(no answer)"
-    if _SENTENCE_END.search(text[-1:]):
+    if not cut or _SENTENCE_END.search(text[-1:]):
         return text
     ends = [match.end() for match in _SENTENCE_END.finditer(text)]
     return text[: ends[-1]].strip() if ends else text + "…"

@@ -45,7 +45,8 @@ class Memory:
     the default database. Learning runs in the background (:meth:`learn_later`): a failed
     attempt is retried ``learn_retries`` times with backoff from ``retry_delay`` seconds, then
     kept (at most :data:`MAX_BACKLOG` per user) and retried before the user's next learning.
-    :meth:`settle` waits at most ``settle_timeout`` seconds for what is pending.
+    :meth:`settle` waits at most ``settle_timeout`` seconds for what is pending. What a
+    :meth:`forget` erased is never learned back (see :meth:`generation`).
     """
 
     store: Store | None = None
