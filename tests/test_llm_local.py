@@ -232,3 +232,23 @@ def test_an_answer_cut_off_by_the_token_limit_ends_at_its_last_sentence():
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_dir() == tmp_path / "cogency"
+
+
+async def test_with_tools_every_reply_is_a_valid_short_step(model_path, store):
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    llm = LocalLLM(model_path, n_ctx=4096)
+    async with Agent(llm=llm, tools=[add], store=store, max_iterations=3) as agent:
+        events = [event async for event in agent.stream("What is 2 + 3? Use the add tool.")]
+    await llm.close()
+    kinds = [event.type for event in events]
+    assert "error" not in kinds, [e.to_dict() for e in events if e.type == "error"]
+    end = events[-1].to_dict()
+    assert end["type"] == "end" and end["stop_reason"] != "invalid_response"
+    for event in events:
+        if event.type == "response":
+            text = event.to_dict()["text"]
+            assert "final answer" not in text and not text.lstrip().startswith("{")
