@@ -2,7 +2,8 @@
 
     CogencyError
     ├── UsageError            you called something wrongly (also a ValueError)
-    │   └── ConfigurationError  something must be installed or set first
+    │   ├── ConfigurationError  something must be installed or set first
+    │   └── ContextWindowError  the query cannot fit the model's context window
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
     │   ├── TaskRunningError    the task is being run by another runner
@@ -15,7 +16,7 @@
     │       └── StoreLockedError  a lock stayed held past the timeout
     ├── LLMError              the model call failed
     │   ├── AuthenticationError, RateLimitError, LLMTimeoutError,
-    │   ├── ModelNotFoundError, RefusalError
+    │   ├── ModelNotFoundError, RefusalError, ContextLengthError
     │   ├── InvalidResponseError  the reply breaks the JSON contract
     │   └── ScriptExhaustedError  a ScriptedLLM ran out of replies
     └── ToolError             a tool is defined or called wrongly
@@ -110,6 +111,22 @@ class ModelNotFoundError(LLMError):
     """The provider does not know the model name."""
 
 
+class ContextLengthError(LLMError):
+    """The provider rejected a prompt longer than its context window.
+
+    ``window`` is the window the provider reported, when it said.
+    """
+
+    window: int | None = None
+
+
+class ContextWindowError(UsageError):
+    """The task's query cannot fit the model's context window with the system message.
+
+    Raised before any model call; the message names both sizes.
+    """
+
+
 class RefusalError(LLMError):
     """The provider refused to produce output."""
 
@@ -135,6 +152,8 @@ __all__ = [
     "CogencyError",
     "ConfigurationError",
     "ConflictError",
+    "ContextLengthError",
+    "ContextWindowError",
     "CorruptDataError",
     "InvalidResponseError",
     "LLMError",

@@ -16,14 +16,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import urllib.request
 import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import ConfigurationError, LLMError
-from ._openai import OpenAILLM
+from ._openai import OpenAILLM, server_context_window
 from ._provider import DEFAULT_TIMEOUT, ProviderLLM, require
 from ..reason import SECURITY_PREAMBLE, contract
 from ._schema import bounded, walk
@@ -237,13 +236,7 @@ class LocalLLM(OpenAILLM):
         )
 
     def _server_context(self) -> int | None:
-        url = str(self.base_url).removesuffix("/v1") + "/props"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as reply:
-                props = json.load(reply)
-            return int(props["default_generation_settings"]["n_ctx"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return server_context_window(str(self.base_url), self.model)
 
     async def generate(
         self, messages: list[Message], *, schema: dict[str, Any] | None = None
@@ -265,9 +258,11 @@ class LocalLLM(OpenAILLM):
             # the step is made of it here (see the class docstring).
             async for piece in super().stream(plain_messages(messages), schema=_PLAIN):
                 if isinstance(piece, Completion):
-                    cut = piece.usage.output_tokens >= ANSWER_TOKENS  # stopped by the limit
-                    piece = Completion(json.dumps({"response": _finished(piece.text, cut)}),
-                                       piece.usage)
+                    # A whole step (never truncated itself), even when the answer was cut off.
+                    piece = Completion(
+                        json.dumps({"response": _finished(piece.text, piece.truncated)}),
+                        piece.usage,
+                    )
                 yield piece
             return
         local = local_schema(schema, self.judge_security)

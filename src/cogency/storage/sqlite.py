@@ -168,6 +168,8 @@ def _m004_run_leases(db: sqlite3.Connection) -> None:
             -- bumped by each claim and force-release; a run's writes must carry the current one
         ALTER TABLE task_workspaces ADD COLUMN lease_until TEXT;
             -- when the runner's lease lapses unless renewed (ISO 8601 UTC); then others may claim
+        ALTER TABLE task_workspaces ADD COLUMN lease_holder INTEGER;
+            -- PostgreSQL's lease key; unused here (the columns are the same on both)
         ALTER TABLE task_workspaces ADD COLUMN last_save TEXT;
             -- the save that wrote this version: a retry of it finds that it landed
         ALTER TABLE conversation_messages ADD COLUMN message_id TEXT;
@@ -510,7 +512,7 @@ class SQLiteStore:
 
     async def release_task(self, task_id: str, runner: str) -> None:
         if self._held.get(task_id, (None,))[0] == runner:
-            del self._held[task_id]
+            self._unhold(task_id)
         try:
             await self._run(
                 self._write(
@@ -541,7 +543,7 @@ class SQLiteStore:
             )
             return cast("str | None", row[0])
 
-        self._held.pop(task_id, None)
+        self._unhold(task_id)
         return await self._run(self._write(work))
 
     def _lease_end(self) -> str:
@@ -552,6 +554,12 @@ class SQLiteStore:
         self._held[task_id] = (runner, epoch)
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    def _unhold(self, task_id: str) -> None:
+        self._held.pop(task_id, None)
+        if not self._held and self._heartbeat is not None:
+            self._heartbeat.cancel()  # nothing left to renew: no task lingers in the loop
+            self._heartbeat = None
 
     async def _renew_leases(self) -> None:
         while self._held:
@@ -577,7 +585,7 @@ class SQLiteStore:
                 # and the run's next write (fenced by its epoch) reports what happened.
                 continue
             for task in (set(self._held) - set(held)) | set(lost):
-                self._held.pop(task, None)
+                self._held.pop(task, None)  # (not _unhold: this task ends by itself)
 
     async def save(self, batch: SaveBatch) -> int:
         def work(db: sqlite3.Connection) -> int:
@@ -603,7 +611,10 @@ class SQLiteStore:
                 )
             return version
 
-        return await self._run(self._write(work))
+        version = await self._run(self._write(work))
+        if batch.complete:
+            self._unhold(batch.task_id)
+        return version
 
     # -- conversations --------------------------------------------------------------------
 
