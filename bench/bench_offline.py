@@ -141,10 +141,9 @@ def report(questions: list[Question], plain: Side, agent: Side, load: tuple[str,
         "",
         "Why Cogency does not do worse: a step that can only answer (no tools) is asked of the "
         "small model as plain text under a short system prompt, and the step is made of that "
-        "text; forced to write the JSON step itself the same model answered about a third of "
-        "these questions right (it copied field descriptions, wrote \"json\" as its answer, or "
-        "ran out of tokens inside the object). With tools, a grammar from the step schema "
-        "constrains every reply.",
+        "text. Made to write the JSON step itself, the same model copied the contract's field "
+        "descriptions as its answers, wrote \"json\" as an answer, or ran out of tokens inside "
+        "the object. With tools, a grammar from a short step schema constrains every reply.",
         END,
     ]
     return "\n".join(lines) + "\n"
