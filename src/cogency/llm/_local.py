@@ -38,8 +38,8 @@ DEFAULT_CONTEXT = 8192
 FIELD_CHARS = 240
 RESPONSE_CHARS = 400
 MAX_ACTIONS = 2
-LIST_ITEMS = 3
-LEARNED_CHARS = 80
+LIST_ITEMS = 1
+LEARNED_CHARS = 48
 """Bounds of what a small model learns per call (lists, strings): a few short facts."""
 ANSWER_TOKENS = 200
 """Tokens of a plain-text answer; one cut off there ends at its last whole sentence."""
@@ -155,7 +155,7 @@ class LocalLLM(OpenAILLM):
     the step is made of that text (a 135M model writing JSON answers far worse). Any other
     call is constrained by a grammar from a tightened schema (:func:`local_schema`) under a
     short contract (:data:`LOCAL_CONTRACT`), bounded so that the reply ends well within
-    ``max_tokens``.
+    ``max_tokens``. ``learns`` says whether memory may learn with it (see the attribute).
     """
 
     provider = "local"
@@ -172,6 +172,7 @@ class LocalLLM(OpenAILLM):
         max_retries: int = 1,
         progress: IO[str] | None = None,
         judge_security: bool = False,
+        learns: bool | None = None,
     ) -> None:
         path = Path(model_path).expanduser() if model_path else None
         if path is not None and not path.is_file():
@@ -194,6 +195,11 @@ class LocalLLM(OpenAILLM):
         self.threads = threads
         self.progress = progress
         self.judge_security = judge_security
+        default = path is None or path.name == MODEL_FILE
+        self.learns = not default if learns is None else learns
+        """Whether :class:`~cogency.memory.Memory` may learn profiles with this model: not the
+        default SmolLM2-135M, which copies the interaction into every field (junk that would
+        then open every prompt); a GGUF file of your own, yes."""
         self.base_url = None
         self.official = False
         self.extra_body: dict[str, Any] = {}
