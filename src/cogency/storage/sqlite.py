@@ -15,8 +15,8 @@ from .. import _time
 from .._json import dumps
 from ..errors import (
     ConflictError,
-    ForgottenError,
     ConversationBusyError,
+    ForgottenError,
     NotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -31,9 +31,9 @@ from .base import (
     SaveBatch,
     TaskRecord,
     abandon_runner,
-    conflict,
     api_key_record,
     busy_conversation,
+    conflict,
     conversation_record,
     decode,
     decode_profile,
@@ -186,6 +186,16 @@ def _m004_run_leases(db: sqlite3.Connection) -> None:
     )
 
 
+def _script(db: sqlite3.Connection, sql: str) -> None:
+    # executescript() would COMMIT first; a migration must stay inside its transaction.
+    statement = ""
+    for line in sql.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            db.execute(statement)
+            statement = ""
+
+
 def _m005_forget_generation(db: sqlite3.Connection) -> None:
     # Outlives the user's other rows on purpose: learning that began before a forget
     # compares its generation inside its write, so a forgotten user can never be re-learned
@@ -218,16 +228,6 @@ def _m007_service(db: sqlite3.Connection) -> None:
         );
         """
     )
-
-
-def _script(db: sqlite3.Connection, sql: str) -> None:
-    # executescript() would COMMIT first; a migration must stay inside its transaction.
-    statement = ""
-    for line in sql.splitlines(keepends=True):
-        statement += line
-        if sqlite3.complete_statement(statement):
-            db.execute(statement)
-            statement = ""
 
 
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
