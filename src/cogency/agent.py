@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ._json import dumps
+from .approvals import Policy, check_policy, run_step, settle_decided
 from .context import Budgets, build_context, chat_messages, system_prompt
 from .errors import LLMError, UsageError
-from .events import Action, End, Error, Event, Reason, Response, Result, Start, Token
+from .events import Action, Approval, End, Error, Event, Reason, Response, Result, Start, Token
 from .llm.base import LLM, Usage
 from .llm.resolve import resolve_llm
 from .memory.memory import Memory, interaction_of
@@ -21,11 +22,11 @@ from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, c
 from .storage import open_store
 from .storage.base import Store, new_runner
 from .tokens import count_tokens
-from .tools.base import Tool, run_tools
+from .tools.base import Tool
 
 STOP_REASONS = (
     "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
-    "cancelled",
+    "cancelled", "awaiting_approval",
 )
 NO_PROGRESS_LIMIT = 3
 """Consecutive steps with neither a response nor an action before the run stops."""
@@ -49,6 +50,9 @@ class AgentResult:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     security_assessment: str | None = None
+    pending_approvals: list[dict[str, Any]] = field(default_factory=list)
+    """With ``stop_reason="awaiting_approval"``: the calls waiting for a person, each a dict
+    with ``id``, ``name`` and ``args``; decide them with ``resume(approvals=...)``."""
 
 
 class Agent:
@@ -57,6 +61,11 @@ class Agent:
     ``store=None`` opens the default SQLite file; ``memory=True`` learns a profile of each
     user with the agent's model (``Memory(llm=...)`` chooses another). Every run saves its
     workspace after each iteration; a run that stops early keeps it so ``resume`` continues.
+
+    ``approve`` decides the calls of tools that need approval: ``None`` pauses the task
+    (``stop_reason="awaiting_approval"``, resumable with ``resume(approvals=...)``), ``True``
+    allows them all, an async (or plain) callable of the call (a dict with ``id``, ``name``,
+    ``args``, ``task_id``, ``user_id``) returns True to allow it, False to deny it.
     """
 
     def __init__(
@@ -73,6 +82,7 @@ class Agent:
         retry_delay: float = 0.5,
         history_tokens: int = DEFAULT_HISTORY_TOKENS,
         budgets: Budgets = Budgets(),
+        approve: Policy = None,
     ) -> None:
         if not isinstance(max_iterations, int) or max_iterations < 1:
             raise UsageError("max_iterations must be a positive integer")
@@ -99,6 +109,7 @@ class Agent:
         self.retry_delay = retry_delay
         self.history_tokens = history_tokens
         self.budgets = budgets
+        self.approve = check_policy(approve)
         self._closed = False
 
     # -- public API -----------------------------------------------------------------------
@@ -109,9 +120,18 @@ class Agent:
         """Run a new task to its end and return what it produced."""
         return await self._collect(self.stream(query, user_id, conversation_id))
 
-    async def resume(self, task_id: str, user_id: str = "default") -> AgentResult:
-        """Continue an unfinished task from its saved workspace and conversation."""
-        return await self._collect(self.resume_stream(task_id, user_id))
+    async def resume(
+        self, task_id: str, user_id: str = "default", *,
+        approvals: Mapping[str, bool] | None = None,
+    ) -> AgentResult:
+        """Continue an unfinished task from its saved workspace and conversation.
+
+        A task paused for approval needs its calls decided first: ``approvals`` maps each
+        call id to True (run it) or False (the model is told the user denied it); the agent's
+        ``approve`` policy decides what is left, and with ``approve=None`` an undecided call
+        raises :class:`~cogency.errors.ApprovalRequiredError` listing them.
+        """
+        return await self._collect(self.resume_stream(task_id, user_id, approvals=approvals))
 
     def stream(
         self, query: str, user_id: str = "default", conversation_id: str | None = None
@@ -132,10 +152,15 @@ class Agent:
 
         return self._drive(open_task)
 
-    def resume_stream(self, task_id: str, user_id: str = "default") -> AsyncIterator[Event]:
-        """Continue an unfinished task, yielding its events as they happen."""
+    def resume_stream(
+        self, task_id: str, user_id: str = "default", *,
+        approvals: Mapping[str, bool] | None = None,
+    ) -> AsyncIterator[Event]:
+        """Continue an unfinished task, yielding its events as they happen (see :meth:`resume`)."""
         check_id(task_id, "task_id")
         check_id(user_id, "user_id")
+        if approvals is not None and not isinstance(approvals, Mapping):
+            raise UsageError("approvals must be a mapping of call id to True or False")
 
         async def open_task(runner: str) -> tuple[State, bool]:
             state = await State.continue_task(
@@ -145,7 +170,7 @@ class Agent:
             await self.store.claim_task(task_id, user_id, runner)
             return state, True
 
-        return self._drive(open_task)
+        return self._drive(open_task, approvals)
 
     def run_sync(
         self, query: str, user_id: str = "default", conversation_id: str | None = None
@@ -193,16 +218,18 @@ class Agent:
         return result
 
     def _drive(
-        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]]
+        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]],
+        approvals: Mapping[str, bool] | None = None,
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
-        return _EventStream(lambda emit: self._execute(open_task, emit))
+        return _EventStream(lambda emit: self._execute(open_task, emit, approvals))
 
     async def _execute(
         self,
         open_task: Callable[[str], Awaitable[tuple[State, bool]]],
         emit: Callable[[Event], None],
+        approvals: Mapping[str, bool] | None = None,
     ) -> AgentResult:
         runner = new_runner()
         state, resumed = await open_task(runner)
@@ -210,6 +237,7 @@ class Agent:
         task = state.task_id
         recorded = _recorded_results(ex.messages, task) if resumed else {}
         saving: asyncio.Future[None] | None = None
+        waiting: list[dict[str, Any]] = []  # calls that wait for a person when the run ends
 
         async def save() -> None:
             # Shielded: a cancellation never parts a write from the state's record of it.
@@ -222,6 +250,8 @@ class Agent:
             # A task begun by State.start_task alone has no message yet: add its query.
             if resumed and not any(m.get("task_id") == task for m in ex.messages):
                 add_message(state, "user", state.query)
+                await save()
+            if resumed and await settle_decided(state, self.tools, approvals, self.approve, emit):
                 await save()
             memory = await self.memory.activate(state.user_id) if self.memory else ""
             while True:
@@ -276,15 +306,22 @@ class Agent:
                         add_message(state, "assistant", dumps({"actions": fresh}))
                     for call in step.actions:
                         emit(Action(task, ex.iteration, call["name"], call["args"]))
-                    ran = iter(await run_tools(self.tools, fresh))
-                    results = [old if old is not None else next(ran) for old in replayed]
-                    ex.complete_tool_calls(results)
+                    step_results, waiting = await run_step(self.tools, fresh, self.approve, state)
+                    ran = iter(step_results)
+                    results: list[dict[str, Any] | None] = [
+                        next(ran) if old is None else old for old in replayed
+                    ]
+                    ex.complete_tool_calls([r for r in results if r is not None])
                     for result, old in zip(results, replayed):
+                        if result is None:
+                            continue  # it waits for a person: no result yet
                         if old is None:
                             add_message(state, "tool", dumps(result))
                         emit(Result(task, ex.iteration, result["name"], result["ok"],
                                     result.get("output", result.get("error", ""))))
                     ex.iterations_without_tools = 0
+                    if waiting:
+                        ex.stop_reason = "awaiting_approval"
                 elif step.response is not None:
                     ex.response = step.response
                     ex.stop_reason = "completed"
@@ -318,6 +355,8 @@ class Agent:
         if self.memory is not None and ex.stop_reason == "completed":
             # In the background: the answer never waits for learning; close() settles it.
             self.memory.learn_later(state.user_id, interaction_of(state))
+        for call in waiting:  # after the save above: each can be decided as soon as it is seen
+            emit(Approval(task, call["id"], call["name"], call["args"]))
         emit(End(task, ex.stop_reason or "error", ex.iteration))
         return AgentResult(
             response=ex.response,
@@ -328,6 +367,7 @@ class Agent:
             usage=usage,
             error=error,
             security_assessment=state.security_assessment,
+            pending_approvals=[{**call, "task_id": task} for call in waiting],
         )
 
     async def _settle(

@@ -30,6 +30,10 @@ class Tool:
     ``func`` may be sync (run in a thread) or async. Arguments are checked against
     ``parameters`` before the call; a call that raises or exceeds ``timeout`` seconds becomes
     an error result the model sees.
+
+    ``needs_approval``: ``True`` when a person must allow each call first (see the agent's
+    ``approve``), or a callable of the call's arguments (a dict) returning whether this call
+    needs it; a callable that raises or returns anything but ``False`` means it does.
     """
 
     name: str
@@ -37,6 +41,7 @@ class Tool:
     parameters: dict[str, Any]
     func: Callable[..., Any]
     timeout: float = DEFAULT_TIMEOUT
+    needs_approval: bool | Callable[[dict[str, Any]], Any] = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -50,6 +55,23 @@ class Tool:
             raise ToolError(f"tool {self.name!r}: parameters must be a JSON schema of type object")
         if not self.timeout or self.timeout <= 0:
             raise ToolError(f"tool {self.name!r}: timeout must be a positive number of seconds")
+        if not isinstance(self.needs_approval, bool) and not callable(self.needs_approval):
+            raise ToolError(
+                f"tool {self.name!r}: needs_approval must be a bool or a callable of the args"
+            )
+
+    async def requires_approval(self, args: dict[str, Any]) -> bool:
+        """Whether this call must wait for a person (fails closed: an error means yes)."""
+        rule = self.needs_approval
+        if isinstance(rule, bool):
+            return rule
+        try:
+            verdict = rule(dict(args))
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception:  # a broken rule must not let a call through unasked
+            return True
+        return verdict is not False
 
     def validate(self, args: Any) -> dict[str, Any]:
         """``args`` checked against the schema (ints accepted for numbers); raises
@@ -84,7 +106,11 @@ def tool(func: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    needs_approval: bool | Callable[[dict[str, Any]], Any] = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -95,6 +121,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    needs_approval: bool | Callable[[dict[str, Any]], Any] = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` of a typed, documented function (``@tool`` or ``@tool(timeout=5)``).
 
@@ -116,6 +143,7 @@ def tool(
             parameters=_schema_of(fn, arg_docs),
             func=fn,
             timeout=timeout,
+            needs_approval=needs_approval,
         )
 
     return build(func) if func is not None else build

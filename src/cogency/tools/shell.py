@@ -161,6 +161,7 @@ def shell_tool(
         },
         shell,
         timeout=timeout + 10,
+        needs_approval=True,  # a command can change anything the process can
     )
 
 
