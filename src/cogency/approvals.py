@@ -88,6 +88,8 @@ async def settle_decided(
             f"task {task!r} waits to run {', '.join(missing)}, which this agent does not have; "
             "resume it with the same tools it was started with"
         )
+    if set(decisions) - {c["id"] for c in calls if c["status"] == "pending"}:
+        await store.decide_approvals(task, user, decisions)  # refuses the unknown or decided id
     undecided = [c for c in calls if c["status"] == "pending" and c["id"] not in decisions]
     if undecided and policy is None:
         shown = ", ".join(f"{c['id']} ({c['name']})" for c in undecided)
