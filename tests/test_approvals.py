@@ -86,7 +86,11 @@ async def test_pause_lists_the_call_runs_the_rest_and_survives_until_approved(st
         reply("Wrote hello."),
     ])
     agent = Agent(llm=llm, tools=make_tools(ran), store=store)
-    events = [e async for e in agent.stream("note hello", user_id="ada")]
+    events = []
+    async for event in agent.stream("note hello", user_id="ada"):
+        if event.type == "approval":  # already stored: it can be decided as soon as it is seen
+            assert approvals_rows(db)[0][1] == event.id
+        events.append(event)
     types = [e.type for e in events]
     assert types[-2:] == ["approval", "end"] and events[-1].stop_reason == "awaiting_approval"
     assert ran == ["read"]  # the call that needs no approval ran; the other waits
