@@ -262,3 +262,22 @@ async def test_pause_survives_a_new_store_and_agent(db_path, db):
     result = await later.resume(paused.task_id, user_id="ada", approvals={pending["id"]: True})
     assert result.stop_reason == "completed" and ran == ["a"]
     await second.close()
+
+
+async def test_resume_lets_the_agents_policy_decide_what_waits(store, db):
+    ran: list[str] = []
+    paused = await Agent(llm=ScriptedLLM([reply(actions=[call("write_note", text="a")])]),
+                         tools=make_tools(ran), store=store).run("note", user_id="ada")
+    [pending] = paused.pending_approvals
+    asked: list[dict] = []
+
+    async def person(request):  # e.g. the CLI's [y/N] prompt on `cogency resume`
+        asked.append(request)
+        return True
+
+    later = Agent(llm=ScriptedLLM([reply("done")]), tools=make_tools(ran), store=store,
+                  approve=person)
+    result = await later.resume(paused.task_id, user_id="ada")
+    assert result.stop_reason == "completed" and ran == ["a"]
+    assert [(r["id"], r["name"], r["args"]) for r in asked] == [
+        (pending["id"], "write_note", {"text": "a"})]
