@@ -281,3 +281,17 @@ async def test_resume_lets_the_agents_policy_decide_what_waits(store, db):
     assert result.stop_reason == "completed" and ran == ["a"]
     assert [(r["id"], r["name"], r["args"]) for r in asked] == [
         (pending["id"], "write_note", {"text": "a"})]
+
+
+async def test_pause_and_approve_on_each_backend(any_store, raw):
+    ran: list[str] = []
+    llm = ScriptedLLM([reply(actions=[call("write_note", text="a"), call("read_note")]),
+                       reply("done")])
+    agent = Agent(llm=llm, tools=make_tools(ran), store=any_store)
+    paused = await agent.run("note", user_id="ada")
+    [pending] = paused.pending_approvals
+    assert ran == ["read"]
+    assert await raw("SELECT call_id, status FROM task_approvals") == [(pending["id"], "pending")]
+    result = await agent.resume(paused.task_id, user_id="ada", approvals={pending["id"]: True})
+    assert result.stop_reason == "completed" and ran == ["read", "a"]
+    assert await raw("SELECT COUNT(*) FROM task_approvals") == [(0,)]
