@@ -10,6 +10,7 @@ import shutil
 import socket
 import sqlite3
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -335,6 +336,8 @@ async def test_search_of_a_very_deep_tree_reports_what_it_did_not_reach(tmp_path
     lower = "/".join(["d"] * 1150)
     below = await _call(tools, "file_search", pattern="needle", path=lower)
     assert below["ok"] and "needle deep" in below["output"]
+    # pytest's own clean-up (shutil.rmtree) recurses and would fail on this tree; rm walks it.
+    subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=True)
 
 
 async def test_file_write_never_keeps_set_user_or_group_id_bits(tmp_path) -> None:
