@@ -152,7 +152,8 @@ async def test_secrets_in_its_output_are_redacted_before_they_are_stored(
         {"secure": True, "actions": [{"name": "shell", "args": {"command": "cat creds.txt"}}]},
         {"response": "read them", "actions": []},
     ])
-    agent = Agent(llm=llm, tools=[shell_tool(tmp_path, sandbox=False)], store=store)
+    agent = Agent(llm=llm, tools=[shell_tool(tmp_path, sandbox=False)], store=store,
+                  approve=True)  # the shell needs a person's approval: given up front
     outputs = [e.output async for e in agent.stream("show creds", user_id="u") if e.type == "result"]
     db = sqlite3.connect(db_path)
     stored = [c for (c,) in db.execute("SELECT content FROM conversation_messages")]
