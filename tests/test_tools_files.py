@@ -13,6 +13,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -322,7 +323,15 @@ async def test_a_catastrophic_regex_is_stopped_and_reported_without_freezing_the
     assert not bad["ok"] and "invalid regular expression" in bad["error"]
 
 
-async def test_search_of_a_very_deep_tree_reports_what_it_did_not_reach(tmp_path) -> None:
+@pytest.fixture
+def deep_root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    # shutil.rmtree (pytest's clean-up) recurses: 1,200 levels would raise RecursionError there.
+    subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=True)
+
+
+async def test_search_of_a_very_deep_tree_reports_what_it_did_not_reach(deep_root) -> None:
+    tmp_path = deep_root
     tools = _tools(tmp_path)
     deep = "/".join(["d"] * 1200)
     wrote = await _call(tools, "file_write", path=f"{deep}/needle.txt", content="needle deep\n")
@@ -337,8 +346,6 @@ async def test_search_of_a_very_deep_tree_reports_what_it_did_not_reach(tmp_path
     lower = "/".join(["d"] * 1150)
     below = await _call(tools, "file_search", pattern="needle", path=lower)
     assert below["ok"] and "needle deep" in below["output"]
-    # pytest's own clean-up (shutil.rmtree) recurses and would fail on this tree; rm walks it.
-    subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=True)
 
 
 async def test_file_write_never_keeps_set_user_or_group_id_bits(tmp_path) -> None:

@@ -5,10 +5,11 @@ time (typer and rich import in ~0.5 s on a busy machine, more than the rest of c
 works from the core install, with no extra dependency.
 
     cogency run "query" [--user U] [--conversation C] [--llm L] [--tools files,shell,http]
-                        [--yes | --read-only]
+                        [--mcp "command args"]... [--yes | --read-only]
     cogency resume TASK_ID
     cogency approve TASK_ID [--deny CALL_ID ...]
-    cogency tasks | conversations [show ID] | profile show|forget USER
+    cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
+    cogency tasks [release TASK_ID --user U] | conversations [show ID] | profile show|forget USER
 
 A tool call that needs approval (file writes, shell) is asked about on the terminal
 (``[y/N]``); ``--yes`` allows them all. Without a terminal on stdin the task pauses, the
@@ -67,20 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
-    from .agent import Agent
-
     store = _store(args)
     ask = _Ask() if not args.yes and _isatty(sys.stdin) else None
     try:
         decisions = await _decisions(store, args) if args.command == "approve" else None
-        agent = Agent(
-            llm=args.llm,
-            tools=builtin_tools(args.tools, Path(args.root), read_only=args.read_only),
-            store=store,
-            max_iterations=args.max_iterations,
-            approve=True if args.yes else ask,  # no terminal to ask on: the task pauses
-        )
-        async with agent:
+        async with _agent(args, store, ask) as agent:  # no terminal to ask on: tasks pause
             start = getattr(agent.llm, "start", None)
             if start is not None:  # the offline model: fetch and load it before the spinner
                 await start()
@@ -113,7 +105,42 @@ async def _decisions(store: Any, args: argparse.Namespace) -> dict[str, bool]:
     return {call_id: not (args.deny_all or call_id in args.deny) for call_id in pending}
 
 
+async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    from .mcp_server import serve_stdio
+    from .tools.mcp import require_sdk
+
+    require_sdk()
+    store = _store(args)
+    try:
+        async with _agent(args, store) as agent:
+            await serve_stdio(agent, args.user)
+    finally:
+        await store.close()
+    return EXIT_OK
+
+
+def _agent(args: argparse.Namespace, store: Any, ask: Any = None) -> Any:
+    """The agent the command line describes; ``ask`` decides calls that need approval
+    (``--yes`` allows them all; with neither, a task pauses at such a call)."""
+    from .agent import Agent
+    from .errors import UsageError
+
+    if args.read_only and args.mcp:
+        raise UsageError("--read-only cannot include --mcp servers (their tools may change "
+                         "anything); leave --mcp out")
+    return Agent(
+        llm=args.llm,
+        tools=[*builtin_tools(args.tools, Path(args.root), read_only=args.read_only),
+               *mcp_servers(args.mcp)],
+        store=store,
+        max_iterations=args.max_iterations,
+        approve=True if args.yes else ask,
+    )
+
+
 async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    if args.release:
+        return await _release(args)
     store = _store(args)
     try:
         tasks = await store.list_tasks(args.user)
@@ -137,6 +164,22 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             print(style.yellow(f"  waits for approval: {call['id']}  ") + _call_text(call, 200))
     print(style.dim("resume one with: cogency resume TASK_ID --user USER; decide what one "
                     "waits for with: cogency approve TASK_ID [--deny CALL_ID] --user USER"))
+    return EXIT_OK
+
+
+async def _release(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+
+    if not args.task_id or not args.user:
+        raise UsageError("usage: cogency tasks release TASK_ID --user USER")
+    store = _store(args)
+    try:
+        runner = await store.force_release(args.task_id, args.user)
+    finally:
+        await store.close()
+    held = f" from runner {runner}" if runner else " (no runner held it)"
+    print(f"released task {args.task_id}{held}; its later writes are refused. "
+          f"Resume it with: cogency resume {args.task_id} --user {args.user}")
     return EXIT_OK
 
 
@@ -447,6 +490,19 @@ def builtin_tools(spec: str | None, root: Path, *, read_only: bool = False) -> l
     return tools
 
 
+def mcp_servers(specs: Sequence[str] | None) -> list[Any]:
+    """An ``MCPServer`` for each ``--mcp``: a command line (stdio) or an http(s) URL."""
+    if not specs:
+        return []
+    from .tools.mcp import MCPServer
+
+    return [
+        MCPServer(url=spec.strip()) if spec.strip().startswith(("http://", "https://"))
+        else MCPServer(spec)
+        for spec in specs
+    ]
+
+
 def _store(args: argparse.Namespace) -> Any:
     from .storage import open_store
 
@@ -502,20 +558,24 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show tracebacks")
     user = argparse.ArgumentParser(add_help=False)
     user.add_argument("--user", default="default", help="user id (default: %(default)s)")
-    running = argparse.ArgumentParser(add_help=False)
-    running.add_argument("--llm", help="model: openai:MODEL, anthropic:MODEL, gemini:MODEL, "
+    agent = argparse.ArgumentParser(add_help=False)
+    agent.add_argument("--llm", help="model: openai:MODEL, anthropic:MODEL, gemini:MODEL, "
                                        "ollama:MODEL, local, local:/path.gguf, or "
                                        "module:factory (default: $COGENCY_LLM, API keys, local)")
-    running.add_argument("--tools", default="", help=f"built-in tools, comma separated: "
-                                                     f"{','.join(TOOL_SETS)}")
-    running.add_argument("--root", default=".", help="directory the files and shell tools are "
-                                                     "confined to (default: current)")
-    running.add_argument("--max-iterations", type=int, default=10)
+    agent.add_argument("--tools", default="", help=f"built-in tools, comma separated: "
+                                                   f"{','.join(TOOL_SETS)}")
+    agent.add_argument("--root", default=".", help="directory the files and shell tools are "
+                                                   "confined to (default: current)")
+    agent.add_argument("--mcp", action="append", metavar="COMMAND_OR_URL",
+                       help='an MCP server\'s tools: "command args" (stdio) or an http(s) URL; '
+                            "repeatable")
+    agent.add_argument("--max-iterations", type=int, default=10)
+    agent.add_argument("--yes", "-y", action="store_true",
+                       help="allow every tool call that needs approval, without asking")
+    agent.add_argument("--read-only", action="store_true",
+                       help="give the model only tools that change nothing")
+    running = argparse.ArgumentParser(add_help=False, parents=[agent])
     running.add_argument("--json", action="store_true", help="events as JSON lines")
-    running.add_argument("--yes", "-y", action="store_true",
-                         help="allow every tool call that needs approval, without asking")
-    running.add_argument("--read-only", action="store_true",
-                         help="give the model only tools that change nothing")
 
     parser = argparse.ArgumentParser(
         prog="cogency", description="Stateful LLM agents: run tasks, inspect what is stored."
@@ -537,7 +597,15 @@ def _parser() -> argparse.ArgumentParser:
                          help="deny this call (repeatable); every other waiting call is allowed")
     approve.add_argument("--deny-all", action="store_true", help="deny every waiting call")
     approve.set_defaults(handler=_run)
-    tasks = commands.add_parser("tasks", parents=[common], help="list unfinished tasks")
+    mcp = commands.add_parser("mcp", parents=[common, user, agent],
+                              help="serve an agent over MCP (stdio) for the user")
+    mcp.set_defaults(handler=_mcp)
+    tasks = commands.add_parser(
+        "tasks", parents=[common],
+        help="list unfinished tasks, or: tasks release TASK_ID --user USER (take a task from "
+             "a runner known to be dead)")
+    tasks.add_argument("release", nargs="?", choices=["release"], help=argparse.SUPPRESS)
+    tasks.add_argument("task_id", nargs="?", help=argparse.SUPPRESS)
     tasks.add_argument("--user", help="only this user's")
     tasks.add_argument("--json", action="store_true")
     tasks.set_defaults(handler=_tasks)
