@@ -109,6 +109,9 @@ def test_yes_allows_and_read_only_offers_no_writing_tool(cogency, tmp_path, db_p
     shell = cogency("run", QUERY, "--read-only", "--llm", "cli_models:scripted",
                     "--tools", "shell")
     assert shell.returncode == 1 and "--read-only cannot include the shell tool" in shell.stderr
+    mcp = cogency("run", QUERY, "--read-only", "--llm", "cli_models:scripted", "--mcp",
+                  "some-mcp-server")
+    assert mcp.returncode == 1 and "--read-only cannot include --mcp" in mcp.stderr
 
     allowed = cogency("run", QUERY, "--yes", *llm,
                       script=[step(actions=[write("notes.txt", "x")]), step(response="ok")])
