@@ -3,11 +3,13 @@
     CogencyError
     ├── UsageError            you called something wrongly (also a ValueError)
     │   ├── ConfigurationError  something must be installed or set first
+    │   ├── ContextWindowError  the query cannot fit the model's context window
     │   └── ApprovalRequiredError  a paused task was resumed without deciding its calls
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
-    │   └── TaskRunningError    the task is being run by another runner
-    │       └── LeaseLostError    this runner's hold on its task was taken over or released
+    │   ├── TaskRunningError    the task is being run by another runner
+    │   │   └── LeaseLostError    this runner's hold on its task was taken over or released
+    │   └── ForgottenError      the user was forgotten after this learning began
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
@@ -15,7 +17,7 @@
     │       └── StoreLockedError  a lock stayed held past the timeout
     ├── LLMError              the model call failed
     │   ├── AuthenticationError, RateLimitError, LLMTimeoutError,
-    │   ├── ModelNotFoundError, RefusalError
+    │   ├── ModelNotFoundError, RefusalError, ContextLengthError
     │   ├── InvalidResponseError  the reply breaks the JSON contract
     │   └── ScriptExhaustedError  a ScriptedLLM ran out of replies
     └── ToolError             a tool is defined or called wrongly
@@ -67,6 +69,17 @@ class LeaseLostError(TaskRunningError):
     by force): the run stops and writes nothing more."""
 
 
+class ForgottenError(ConflictError):
+    """The user was forgotten after this learning began, so nothing of it is stored."""
+
+    def __init__(self, user_id: str) -> None:
+        super().__init__(
+            f"user {user_id!r} was forgotten after this learning began: nothing learned "
+            "before a forget is stored"
+        )
+        self.user_id = user_id
+
+
 class StorageError(CogencyError):
     """The database failed, or holds something Cogency cannot use."""
 
@@ -110,6 +123,22 @@ class ModelNotFoundError(LLMError):
     """The provider does not know the model name."""
 
 
+class ContextLengthError(LLMError):
+    """The provider rejected a prompt longer than its context window.
+
+    ``window`` is the window the provider reported, when it said.
+    """
+
+    window: int | None = None
+
+
+class ContextWindowError(UsageError):
+    """The task's query cannot fit the model's context window with the system message.
+
+    Raised before any model call; the message names both sizes.
+    """
+
+
 class RefusalError(LLMError):
     """The provider refused to produce output."""
 
@@ -136,6 +165,8 @@ __all__ = [
     "CogencyError",
     "ConfigurationError",
     "ConflictError",
+    "ContextLengthError",
+    "ContextWindowError",
     "CorruptDataError",
     "InvalidResponseError",
     "LLMError",
