@@ -26,3 +26,10 @@ def scripted() -> ScriptedLLM:
 
 def bad_key() -> ScriptedLLM:
     return ScriptedLLM([AuthenticationError("the provider rejected the key: set OPENAI_API_KEY")])
+
+
+def small_window() -> ScriptedLLM:
+    """The scripted model with a 2,048-token context window."""
+    model = scripted()
+    model.context_window = 2048
+    return model

@@ -12,7 +12,14 @@ from typing import Any, cast
 
 from ._json import dumps
 from .approvals import Policy, check_policy, run_step, settle_decided
-from .context import Budgets, build_context, check_query_fits, prompt_messages, system_prompt
+from .context import (
+    MESSAGE_TOKENS,
+    Budgets,
+    build_context,
+    check_query_fits,
+    prompt_messages,
+    system_prompt,
+)
 from .errors import ContextLengthError, LeaseLostError, LLMError, StoreLockedError, UsageError
 from .events import (
     Action, Approval, End, Error, Event, Reason, Response, Result, Retry, Start, Token,
@@ -448,7 +455,7 @@ class Agent:
                           list(tools.values()), self.budgets),
             self.identity, True,
         )
-        check_query_fits(count_tokens(query), count_tokens(system) + 8, window,
+        check_query_fits(count_tokens(query), count_tokens(system) + MESSAGE_TOKENS, window,
                          self.budgets.output)
 
     async def _tools_for_run(self) -> dict[str, Tool]:
