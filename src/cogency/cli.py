@@ -5,11 +5,16 @@ time (typer and rich import in ~0.5 s on a busy machine, more than the rest of c
 works from the core install, with no extra dependency.
 
     cogency run "query" [--user U] [--conversation C] [--llm L] [--tools files,shell,http]
-                        [--mcp "command args"]...
+                        [--mcp "command args"]... [--yes | --read-only]
     cogency resume TASK_ID
+    cogency approve TASK_ID [--deny CALL_ID ...]
     cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
     cogency tasks [release TASK_ID --user U] | conversations [show ID] | profile show|forget USER
     cogency serve [--db URL] [--llm L] [--port P] | keys create|list|revoke  (server/commands.py)
+
+A tool call that needs approval (file writes, shell) is asked about on the terminal
+(``[y/N]``); ``--yes`` allows them all. Without a terminal on stdin the task pauses, the
+command that decides it is printed, and the exit status is 3.
 
 Errors print one line (``error: …``) on stderr and exit 1 (``--debug`` adds the traceback);
 Ctrl-C exits 130 and leaves the task resumable.
@@ -21,16 +26,20 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 import traceback
+import unicodedata
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 TOOL_SETS = ("files", "shell", "http")
 OUTPUT_CHARS = 400
 """A tool's output is cut to this on screen (the model and the database get all of it)."""
+ASK_CHARS = 2_000
+"""A call's arguments shown when asking for approval (longer ones are cut, and say so)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,18 +70,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     store = _store(args)
+    ask = _Ask() if not args.yes and _isatty(sys.stdin) else None
     try:
-        async with _agent(args, store) as agent:
+        decisions = await _decisions(store, args) if args.command == "approve" else None
+        async with _agent(args, store, ask) as agent:  # no terminal to ask on: tasks pause
             start = getattr(agent.llm, "start", None)
             if start is not None:  # the offline model: fetch and load it before the spinner
                 await start()
-            if args.command == "resume":
-                events = agent.resume_stream(args.task_id, args.user)
-            else:
+            if args.command == "run":
                 events = agent.stream(args.query, args.user, args.conversation)
-            return await _show(events, args, progress)
+            else:
+                events = agent.resume_stream(args.task_id, args.user, approvals=decisions)
+            return await _show(events, args, progress, ask)
     finally:
         await store.close()
+
+
+async def _decisions(store: Any, args: argparse.Namespace) -> dict[str, bool]:
+    """What ``cogency approve`` decides: every pending call approved, but those ``--deny``."""
+    from .errors import NotFoundError, UsageError
+
+    pending = [call["id"] for call in
+               await store.load_approvals(args.task_id, args.user, "pending")]
+    if not pending:
+        raise UsageError(
+            f"task {args.task_id!r} waits for no approval; continue it with: "
+            f"cogency resume {shlex.quote(args.task_id)}"
+        )
+    unknown = [call_id for call_id in args.deny if call_id not in pending]
+    if unknown:
+        raise NotFoundError(
+            f"task {args.task_id!r} has no call {_safe(unknown[0])!r} waiting for approval "
+            f"(waiting: {', '.join(pending)})"
+        )
+    return {call_id: not (args.deny_all or call_id in args.deny) for call_id in pending}
 
 
 async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
@@ -89,14 +120,22 @@ async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     return EXIT_OK
 
 
-def _agent(args: argparse.Namespace, store: Any) -> Any:
+def _agent(args: argparse.Namespace, store: Any, ask: Any = None) -> Any:
+    """The agent the command line describes; ``ask`` decides calls that need approval
+    (``--yes`` allows them all; with neither, a task pauses at such a call)."""
     from .agent import Agent
+    from .errors import UsageError
 
+    if args.read_only and args.mcp:
+        raise UsageError("--read-only cannot include --mcp servers (their tools may change "
+                         "anything); leave --mcp out")
     return Agent(
         llm=args.llm,
-        tools=[*builtin_tools(args.tools, Path(args.root)), *mcp_servers(args.mcp)],
+        tools=[*builtin_tools(args.tools, Path(args.root), read_only=args.read_only),
+               *mcp_servers(args.mcp)],
         store=store,
         max_iterations=args.max_iterations,
+        approve=True if args.yes else ask,
     )
 
 
@@ -112,7 +151,8 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         for task in tasks:
             _json_line({"task_id": task.task_id, "user_id": task.user_id,
                         "conversation_id": task.conversation_id, "query": task.query,
-                        "workspace": task.workspace, "updated_at": _iso(task.updated_at)})
+                        "workspace": task.workspace, "updated_at": _iso(task.updated_at),
+                        "pending_approvals": task.pending_approvals})
         return EXIT_OK
     if not tasks:
         print("no unfinished tasks")
@@ -120,8 +160,11 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     style = _Style(sys.stdout)
     for task in tasks:
         print(f"{style.bold(task.task_id)}  {task.user_id}  {_iso(task.updated_at)}  "
-              f"{_clip(task.query, 60)}")
-    print(style.dim("resume one with: cogency resume TASK_ID --user USER"))
+              f"{_clip(_safe(task.query), 60)}")
+        for call in task.pending_approvals:
+            print(style.yellow(f"  waits for approval: {call['id']}  ") + _call_text(call, 200))
+    print(style.dim("resume one with: cogency resume TASK_ID --user USER; decide what one "
+                    "waits for with: cogency approve TASK_ID [--deny CALL_ID] --user USER"))
     return EXIT_OK
 
 
@@ -198,16 +241,21 @@ async def _profile(args: argparse.Namespace, progress: dict[str, Any]) -> int:
 
 
 async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
-                progress: dict[str, Any]) -> int:
+                progress: dict[str, Any], ask: _Ask | None = None) -> int:
     out = sys.stdout
     view = None if args.json else _View(out, sys.stderr)
+    if ask is not None:
+        ask.view = view
     fatal: str | None = None
     end: Any = None
+    waiting: list[Any] = []
     try:
         async for event in events:
             progress.setdefault("task_id", event.task_id)
             if event.type == "error" and event.fatal:
                 fatal = event.message
+            if event.type == "approval":
+                waiting.append(event)
             if event.type == "end":
                 end = event
             if view is None:
@@ -221,10 +269,66 @@ async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
         return EXIT_ERROR
     if end.stop_reason in ("completed", "security"):
         return EXIT_OK
+    if end.stop_reason == "awaiting_approval":
+        _tell_how_to_decide(end.task_id, waiting, args)
+        return EXIT_AWAITING
     if fatal is None:
         fatal = f"the task stopped ({end.stop_reason}) after {end.iterations} iterations"
     print(f"error: {fatal}; resume with: cogency resume {end.task_id}", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _tell_how_to_decide(task_id: str, waiting: list[Any], args: argparse.Namespace) -> None:
+    """Print what the paused task waits for, and the commands that decide it."""
+    count = len(waiting)
+    lines = [f"task {task_id} waits for your approval of {count} call{'s' * (count != 1)} "
+             "(no terminal to ask on):"]
+    lines += [f"  {event.id}  {_call_text(event, 300)}" for event in waiting]
+    command = ["cogency", "approve", task_id]
+    for flag, value, default in (("--user", args.user, "default"), ("--db", args.db, None),
+                                 ("--llm", args.llm, None), ("--tools", args.tools, ""),
+                                 ("--root", args.root, ".")):
+        if value != default:
+            command += [flag, value]
+    decide = " ".join(shlex.quote(part) for part in command)
+    lines.append(f"approve: {decide}")
+    lines.append(f"deny:    {decide} --deny CALL_ID  (or --deny-all)")
+    print("\n".join(lines), file=sys.stderr)
+
+
+class _Ask:
+    """Asks on the terminal whether a tool call may run: ``[y/N]``, no answer is no."""
+
+    def __init__(self) -> None:
+        self.view: _View | None = None
+
+    async def __call__(self, call: dict[str, Any]) -> bool:
+        for _ in range(5):  # let the view print the step's events first: they explain the call
+            await asyncio.sleep(0)
+        if self.view is not None:
+            self.view.stop()
+        sys.stderr.write(f"allow {_call_text(call, ASK_CHARS)}? [y/N] ")
+        sys.stderr.flush()
+        answer = (await _read_line(sys.stdin)).strip().lower()
+        return answer in ("y", "yes")
+
+
+async def _read_line(stream: IO[str]) -> str:
+    """A line typed on the terminal, read without a thread (so Ctrl-C is not held up)."""
+    loop = asyncio.get_running_loop()
+    fd = stream.fileno()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+    return os.read(fd, 4096).decode("utf-8", "replace")
 
 
 class _View:
@@ -256,8 +360,10 @@ class _View:
                     self._line(style.dim(f"  {name}: ") + _clip(value, 300))
             self.workspace = dict(event.workspace)
         elif kind == "action":
-            args = json.dumps(event.args, ensure_ascii=False)
+            args = _safe(json.dumps(event.args, ensure_ascii=False))
             self._line(style.cyan(f"→ {event.name}") + style.dim(f"({_clip(args, 200)})"))
+        elif kind == "approval":
+            self._line(style.yellow(f"⏸ {event.name} waits for approval ({event.id})"))
         elif kind == "result":
             mark = style.green("✓") if event.ok else style.red("✗")
             self._line(f"{mark} {event.name}: {_clip(str(event.output), OUTPUT_CHARS)}")
@@ -353,19 +459,23 @@ class _Style:
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def builtin_tools(spec: str | None, root: Path) -> list[Any]:
-    """The built-in tool sets named in ``spec`` ("files,shell,http"), confined to ``root``."""
+def builtin_tools(spec: str | None, root: Path, *, read_only: bool = False) -> list[Any]:
+    """The built-in tool sets named in ``spec`` ("files,shell,http"), confined to ``root``;
+    ``read_only`` keeps only tools that change nothing (no file writes, no shell)."""
     from .errors import ConfigurationError, UsageError
 
     tools: list[Any] = []
     for name in [part.strip() for part in (spec or "").split(",") if part.strip()]:
         if name not in TOOL_SETS:
             raise UsageError(f"unknown tool set {name!r}: choose from {', '.join(TOOL_SETS)}")
+        if name == "shell" and read_only:
+            raise UsageError("--read-only cannot include the shell tool (a command can change "
+                             "anything); leave shell out of --tools")
         try:
             if name == "files":
                 from .tools.files import files_tools
 
-                tools.extend(files_tools(root))
+                tools.extend(files_tools(root, read_only=read_only))
             elif name == "shell":
                 from .tools.shell import shell_tool
 
@@ -408,6 +518,28 @@ def _iso(value: Any) -> str:
     return value.isoformat(timespec="seconds") if hasattr(value, "isoformat") else str(value or "")
 
 
+def _safe(text: str) -> str:
+    """``text`` with every control, format (bidi, zero-width) or unassigned character shown as
+    an escape, so what a model wrote cannot move the cursor, recolour or reorder the screen."""
+    return "".join(
+        ch if ch == " " or unicodedata.category(ch)[0] not in "CZ"
+        or unicodedata.category(ch) == "Zs" else
+        (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
+         else f"\\U{ord(ch):08x}")
+        for ch in text
+    )
+
+
+def _call_text(call: Any, limit: int) -> str:
+    """``name({args})`` of a call (a dict or an event), escaped and cut at ``limit`` chars."""
+    name = call["name"] if isinstance(call, dict) else call.name
+    args = call["args"] if isinstance(call, dict) else call.args
+    text = _safe(f"{name}({json.dumps(args, ensure_ascii=False, default=str)})")
+    if len(text) > limit:
+        text = text[:limit] + f"… ({len(text) - limit} more characters)"
+    return text
+
+
 def _clip(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -439,6 +571,10 @@ def _parser() -> argparse.ArgumentParser:
                        help='an MCP server\'s tools: "command args" (stdio) or an http(s) URL; '
                             "repeatable")
     agent.add_argument("--max-iterations", type=int, default=10)
+    agent.add_argument("--yes", "-y", action="store_true",
+                       help="allow every tool call that needs approval, without asking")
+    agent.add_argument("--read-only", action="store_true",
+                       help="give the model only tools that change nothing")
     running = argparse.ArgumentParser(add_help=False, parents=[agent])
     running.add_argument("--json", action="store_true", help="events as JSON lines")
 
@@ -454,6 +590,14 @@ def _parser() -> argparse.ArgumentParser:
                                  help="continue an unfinished task")
     resume.add_argument("task_id")
     resume.set_defaults(handler=_run)
+    approve = commands.add_parser("approve", parents=[common, user, running],
+                                  help="decide the tool calls a paused task waits for, then "
+                                       "continue it")
+    approve.add_argument("task_id")
+    approve.add_argument("--deny", action="append", default=[], metavar="CALL_ID",
+                         help="deny this call (repeatable); every other waiting call is allowed")
+    approve.add_argument("--deny-all", action="store_true", help="deny every waiting call")
+    approve.set_defaults(handler=_run)
     mcp = commands.add_parser("mcp", parents=[common, user, agent],
                               help="serve an agent over MCP (stdio) for the user")
     mcp.set_defaults(handler=_mcp)

@@ -15,7 +15,7 @@ import hashlib
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -43,7 +43,10 @@ from .base import (
     SaveBatch,
     TaskRecord,
     api_key_record,
+    approval_data,
+    approval_record,
     busy_conversation,
+    check_decisions,
     conflict,
     conversation_record,
     decode,
@@ -235,6 +238,27 @@ async def _m005_forget_generation(db: asyncpg.Connection) -> None:
     )
 
 
+async def _m006_approvals(db: asyncpg.Connection) -> None:
+    # Tool calls that wait for a person, one row each, so another process (or the HTTP
+    # service) can list and decide them, and an approved call is never started twice.
+    await db.execute(
+        """
+        CREATE TABLE task_approvals (
+            task_id TEXT NOT NULL REFERENCES task_workspaces(task_id) ON DELETE CASCADE,
+            call_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,               -- the task's user: every read is scoped by it
+            position INTEGER NOT NULL,           -- the order the model asked for the calls
+            call_data JSON NOT NULL,             -- {"name", "args"}
+            status TEXT NOT NULL,                -- pending, approved, denied, running, done
+            created_at TEXT NOT NULL,
+            decided_at TEXT,
+            PRIMARY KEY (task_id, call_id)
+        );
+        CREATE INDEX task_approvals_by_user ON task_approvals(user_id, status);
+        """
+    )
+
+
 async def _m007_service(db: asyncpg.Connection) -> None:
     # The HTTP service (`cogency serve`): its API keys. Which conversation has a run is a
     # session advisory lock here (SQLite keeps a conversation_runs table instead): it dies
@@ -260,6 +284,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
     ("m005_forget_generation", _m005_forget_generation),
+    ("m006_approvals", _m006_approvals),
     ("m007_service", _m007_service),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -884,13 +909,12 @@ class PostgresStore:
             row = await db.fetchrow(_TASK_COLUMNS + " WHERE task_id = $1 AND user_id = $2",
                                     task_id, user_id)
             if row is None:
-                raise NotFoundError(
-                    f"no unfinished task {task_id!r} for user {user_id!r} "
-                    "(it may have completed; `cogency tasks` lists the unfinished ones)"
-                )
-            return task_record(row, _get_text)
+                raise NotFoundError(_no_task(task_id, user_id))
+            task = task_record(row, _get_text)
+            task.pending_approvals = (await _approvals(db, [task_id], "pending")).get(task_id, [])
+            return task
 
-        return await self._read("loading a task", work)
+        return await self._use("loading a task", work, write=False)
 
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
         async def work(db: asyncpg.Connection) -> list[TaskRecord]:
@@ -900,9 +924,61 @@ class PostgresStore:
                 rows = await db.fetch(
                     _TASK_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, task_id", user_id
                 )
-            return [task_record(row, _get_text) for row in rows]
+            tasks = [task_record(row, _get_text) for row in rows]
+            waiting = await _approvals(db, [task.task_id for task in tasks], "pending")
+            for task in tasks:
+                task.pending_approvals = waiting.get(task.task_id, [])
+            return tasks
 
-        return await self._read("listing tasks", work)
+        return await self._use("listing tasks", work, write=False)
+
+    async def load_approvals(
+        self, task_id: str, user_id: str, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+            await _owned_task(db, task_id, user_id)
+            return (await _approvals(db, [task_id], status)).get(task_id, [])
+
+        return await self._use("loading approvals", work, write=False)
+
+    async def decide_approvals(
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+    ) -> list[dict[str, Any]]:
+        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+            await _owned_task(db, task_id, user_id)
+            # Locks the task's calls: a second decider waits, then sees them decided.
+            rows = await db.fetch(
+                "SELECT call_id, status FROM task_approvals WHERE task_id = $1 AND user_id = $2 "
+                "FOR UPDATE",
+                task_id, user_id,
+            )
+            check_decisions(task_id, {row[0]: row[1] for row in rows}, decisions)
+            await db.executemany(
+                "UPDATE task_approvals SET status = $1, decided_at = $2 "
+                "WHERE task_id = $3 AND call_id = $4 AND status = 'pending'",
+                [("approved" if verdict else "denied", _time.now().isoformat(), task_id, call_id)
+                 for call_id, verdict in decisions.items()],
+            )
+            decided = (await _approvals(db, [task_id])).get(task_id, [])
+            return [call for call in decided if call["id"] in decisions]
+
+        return await self._use("deciding approvals", work)
+
+    async def start_approvals(self, task_id: str, user_id: str, call_ids: Sequence[str]) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            started = await db.fetchval(
+                "WITH started AS (UPDATE task_approvals SET status = 'running' "
+                "WHERE task_id = $1 AND user_id = $2 AND call_id = ANY($3::text[]) "
+                "AND status = 'approved' RETURNING 1) SELECT count(*) FROM started",
+                task_id, user_id, list(call_ids),
+            )
+            if started != len(set(call_ids)):
+                raise ConflictError(
+                    f"calls {', '.join(call_ids)} of task {task_id!r} are not all approved and "
+                    "waiting to run (another runner may have started them); nothing was started"
+                )
+
+        await self._use("starting approved calls", work)
 
     async def save(self, batch: SaveBatch) -> int:
         check = batch.workspace is not None or batch.complete or batch.epoch is not None
@@ -936,10 +1012,15 @@ class PostgresStore:
                     return version  # an earlier attempt of this completion landed
                 version, step = landed, 0  # write the landed version again
             _number(messages, rows)
+            if (batch.approvals or batch.settled) and not batch.complete:
+                await _record_approvals(db, batch, stamp)  # in the same transaction (below)
             return int(next(row["seq"] for row in rows if row["kind"] == 0))
 
         if not batch.complete:
-            return await self._use("saving a task", work, transaction=False, idempotent=True)
+            # A step that pauses for approval, or settles decided calls, also writes
+            # task_approvals: one transaction then, so both land or neither.
+            return await self._use("saving a task", work, idempotent=True,
+                                   transaction=bool(batch.approvals or batch.settled))
         try:
             return await self._use("completing a task", work, transaction=False, idempotent=True)
         finally:
@@ -1112,6 +1193,60 @@ _PAGE = (
     "AND ($3::int IS NULL OR seq < $3::int) ORDER BY seq DESC LIMIT $4) m ON true "
     "WHERE c.conversation_id = $1 AND c.user_id = $2 ORDER BY m.seq DESC"
 )
+
+
+def _no_task(task_id: str, user_id: str) -> str:
+    return (
+        f"no unfinished task {task_id!r} for user {user_id!r} "
+        "(it may have completed; `cogency tasks` lists the unfinished ones)"
+    )
+
+
+async def _owned_task(db: asyncpg.Connection, task_id: str, user_id: str) -> None:
+    if await db.fetchval(
+        "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND user_id = $2", task_id, user_id
+    ) is None:
+        raise NotFoundError(_no_task(task_id, user_id))
+
+
+async def _approvals(
+    db: asyncpg.Connection, task_ids: Sequence[str], status: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The approval rows of these tasks (in ``status`` when given), by task, in order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    if not task_ids:
+        return found
+    rows = await db.fetch(
+        "SELECT call_id, task_id, call_data::text, status, created_at, decided_at "
+        "FROM task_approvals WHERE task_id = ANY($1::text[]) "
+        "AND ($2::text IS NULL OR status = $2::text) ORDER BY task_id, position",
+        list(task_ids), status,
+    )
+    for row in rows:
+        found.setdefault(row[1], []).append(approval_record(row))
+    return found
+
+
+async def _record_approvals(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> None:
+    if batch.approvals:
+        last = await db.fetchval(
+            "SELECT COALESCE(MAX(position), 0) FROM task_approvals WHERE task_id = $1",
+            batch.task_id,
+        )
+        await db.executemany(
+            # ON CONFLICT: a save retried after an unknown outcome stores each call once.
+            "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, "
+            "status, created_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6) "
+            "ON CONFLICT (task_id, call_id) DO NOTHING",
+            [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call),
+              stamp.isoformat()) for number, call in enumerate(batch.approvals, start=1)],
+        )
+    if batch.settled:
+        await db.execute(
+            "UPDATE task_approvals SET status = 'done' WHERE task_id = $1 "
+            "AND call_id = ANY($2::text[])",
+            batch.task_id, list(batch.settled),
+        )
 
 
 async def _keep_session(db: asyncpg.Connection) -> None:

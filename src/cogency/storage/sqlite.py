@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from datetime import timedelta
@@ -32,7 +32,10 @@ from .base import (
     TaskRecord,
     abandon_runner,
     api_key_record,
+    approval_data,
+    approval_record,
     busy_conversation,
+    check_decisions,
     conflict,
     conversation_record,
     decode,
@@ -186,6 +189,27 @@ def _m004_run_leases(db: sqlite3.Connection) -> None:
     )
 
 
+def _m006_approvals(db: sqlite3.Connection) -> None:
+    # Tool calls that wait for a person, one row each, so another process (or the HTTP
+    # service) can list and decide them, and an approved call is never started twice.
+    _script(db,
+        """
+        CREATE TABLE task_approvals (
+            task_id TEXT NOT NULL REFERENCES task_workspaces(task_id) ON DELETE CASCADE,
+            call_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,               -- the task's user: every read is scoped by it
+            position INTEGER NOT NULL,           -- the order the model asked for the calls
+            call_data TEXT NOT NULL,             -- {"name", "args"} as JSON
+            status TEXT NOT NULL,                -- pending, approved, denied, running, done
+            created_at TEXT NOT NULL,
+            decided_at TEXT,
+            PRIMARY KEY (task_id, call_id)
+        );
+        CREATE INDEX task_approvals_by_user ON task_approvals(user_id, status);
+        """
+    )
+
+
 def _script(db: sqlite3.Connection, sql: str) -> None:
     # executescript() would COMMIT first; a migration must stay inside its transaction.
     statement = ""
@@ -236,6 +260,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
     ("m005_forget_generation", _m005_forget_generation),
+    ("m006_approvals", _m006_approvals),
     ("m007_service", _m007_service),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -479,11 +504,10 @@ class SQLiteStore:
                 (task_id, user_id),
             ).fetchone()
             if row is None:
-                raise NotFoundError(
-                    f"no unfinished task {task_id!r} for user {user_id!r} "
-                    "(it may have completed; `cogency tasks` lists the unfinished ones)"
-                )
-            return task_record(row)
+                raise NotFoundError(_no_task(task_id, user_id))
+            task = task_record(row)
+            task.pending_approvals = _approvals(db, [task_id], "pending").get(task_id, [])
+            return task
 
         return await self._run(work)
 
@@ -495,9 +519,59 @@ class SQLiteStore:
                 if user_id is not None
                 else db.execute(sql + " ORDER BY updated_at")
             )
-            return [task_record(row) for row in rows]
+            tasks = [task_record(row) for row in rows]
+            waiting = _approvals(db, [task.task_id for task in tasks], "pending")
+            for task in tasks:
+                task.pending_approvals = waiting.get(task.task_id, [])
+            return tasks
 
         return await self._run(work)
+
+    async def load_approvals(
+        self, task_id: str, user_id: str, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            _owned_task(db, task_id, user_id)
+            return _approvals(db, [task_id], status).get(task_id, [])
+
+        return await self._run(work)
+
+    async def decide_approvals(
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+    ) -> list[dict[str, Any]]:
+        def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            _owned_task(db, task_id, user_id)
+            statuses = dict(db.execute(
+                "SELECT call_id, status FROM task_approvals WHERE task_id = ?", (task_id,)
+            ).fetchall())
+            check_decisions(task_id, statuses, decisions)
+            stamp = _time.now().isoformat()
+            db.executemany(
+                "UPDATE task_approvals SET status = ?, decided_at = ? "
+                "WHERE task_id = ? AND call_id = ? AND status = 'pending'",
+                [("approved" if verdict else "denied", stamp, task_id, call_id)
+                 for call_id, verdict in decisions.items()],
+            )
+            decided = _approvals(db, [task_id]).get(task_id, [])
+            return [call for call in decided if call["id"] in decisions]
+
+        return await self._run(self._write(work))
+
+    async def start_approvals(self, task_id: str, user_id: str, call_ids: Sequence[str]) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            for call_id in call_ids:
+                changed = db.execute(
+                    "UPDATE task_approvals SET status = 'running' WHERE task_id = ? "
+                    "AND user_id = ? AND call_id = ? AND status = 'approved'",
+                    (task_id, user_id, call_id),
+                ).rowcount
+                if changed != 1:
+                    raise ConflictError(
+                        f"call {call_id!r} of task {task_id!r} is not approved and waiting to "
+                        "run (another runner may have started it)"
+                    )
+
+        await self._run(self._write(work))
 
     async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
         def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -628,6 +702,8 @@ class SQLiteStore:
                 _append(db, batch, stamp)
             if batch.profile is not None:
                 _put_profile(db, batch.profile, stamp)
+            if batch.approvals or batch.settled:
+                _record_approvals(db, batch, stamp)
             if batch.complete:
                 db.execute("DELETE FROM task_workspaces WHERE task_id = ?", (batch.task_id,))
             elif batch.workspace is not None:
@@ -823,6 +899,58 @@ _SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at F
 
 
 # -- row helpers (run on the worker thread) -------------------------------------------------
+
+
+def _no_task(task_id: str, user_id: str) -> str:
+    return (
+        f"no unfinished task {task_id!r} for user {user_id!r} "
+        "(it may have completed; `cogency tasks` lists the unfinished ones)"
+    )
+
+
+def _owned_task(db: sqlite3.Connection, task_id: str, user_id: str) -> None:
+    if db.execute(
+        "SELECT 1 FROM task_workspaces WHERE task_id = ? AND user_id = ?", (task_id, user_id)
+    ).fetchone() is None:
+        raise NotFoundError(_no_task(task_id, user_id))
+
+
+def _approvals(
+    db: sqlite3.Connection, task_ids: Sequence[str], status: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The approval rows of these tasks (in ``status`` when given), by task, in order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for start in range(0, len(task_ids), 500):  # within SQLite's bound-parameter limit
+        chunk = list(task_ids[start : start + 500])
+        marks = ",".join("?" * len(chunk))
+        sql = (
+            "SELECT call_id, task_id, call_data, status, created_at, decided_at "
+            f"FROM task_approvals WHERE task_id IN ({marks})"
+        )
+        if status is not None:
+            sql += " AND status = ?"
+            chunk.append(status)
+        for row in db.execute(sql + " ORDER BY task_id, position", chunk):
+            found.setdefault(row[1], []).append(approval_record(row))
+    return found
+
+
+def _record_approvals(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
+    (last,) = db.execute(
+        "SELECT COALESCE(MAX(position), 0) FROM task_approvals WHERE task_id = ?",
+        (batch.task_id,),
+    ).fetchone()
+    db.executemany(
+        # OR IGNORE: a save retried after an unknown outcome stores each call once.
+        "INSERT OR IGNORE INTO task_approvals (task_id, call_id, user_id, position, call_data, "
+        "status, created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+        [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call), stamp)
+         for number, call in enumerate(batch.approvals, start=1)],
+    )
+    db.executemany(
+        "UPDATE task_approvals SET status = 'done' WHERE task_id = ? AND call_id = ?",
+        [(batch.task_id, call_id) for call_id in batch.settled],
+    )
 
 
 def _ensure_profile(db: sqlite3.Connection, user_id: str, stamp: str) -> None:
