@@ -85,16 +85,20 @@ def test_chat_steps_profile_and_forget(browser_page):
     assert page.locator("#injected").count() == 0
     assert count(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") == 1
     # a tool call that needs approval: denied, then approved
+    answers = page.locator(".msg.assistant").count()
     page.fill("#query", "write denied.txt")
     page.click("#send")
     expect(page.locator(".approval").last).to_contain_text("file_write")
     page.locator(".approval button.deny").last.click()
+    expect(page.locator(".msg.assistant")).to_have_count(answers + 1)
     expect(page.locator(".msg.assistant").last).to_contain_text("denied")
     assert not (root / "denied.txt").exists()
+    answers = page.locator(".msg.assistant").count()
     page.fill("#query", "write approved.txt")
     page.click("#send")
     expect(page.locator(".approval").last).to_contain_text('"path":"approved.txt"')
     page.locator(".approval button.approve").last.click()
+    expect(page.locator(".msg.assistant")).to_have_count(answers + 1)
     expect(page.locator(".msg.assistant").last).to_contain_text("the tool said")
     assert (root / "approved.txt").read_text() == "written"
     # the profile, then forgetting it all
