@@ -10,6 +10,7 @@ works from the core install, with no extra dependency.
     cogency approve TASK_ID [--deny CALL_ID ...]
     cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
     cogency tasks [release TASK_ID --user U] | conversations [show ID] | profile show|forget USER
+    cogency serve [--db URL] [--llm L] [--port P] | keys create|list|revoke  (server/commands.py)
 
 A tool call that needs approval (file writes, shell) is asked about on the terminal
 (``[y/N]``); ``--yes`` allows them all. Without a terminal on stdin the task pauses, the
@@ -620,6 +621,9 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument("action", choices=["show", "forget"])
     profile.add_argument("user_id")
     profile.set_defaults(handler=_profile)
+    from .server.commands import add_commands  # `serve` and `keys`
+
+    add_commands(commands, common, agent)
     return parser
 
 

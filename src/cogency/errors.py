@@ -9,7 +9,8 @@
     ├── ConflictError         someone else changed or holds it
     │   ├── TaskRunningError    the task is being run by another runner
     │   │   └── LeaseLostError    this runner's hold on its task was taken over or released
-    │   └── ForgottenError      the user was forgotten after this learning began
+    │   ├── ForgottenError      the user was forgotten after this learning began
+    │   └── ConversationBusyError  the conversation has a run in flight (``cogency serve``)
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
@@ -78,6 +79,10 @@ class ForgottenError(ConflictError):
             "before a forget is stored"
         )
         self.user_id = user_id
+
+
+class ConversationBusyError(ConflictError):
+    """The conversation has a run in flight; one run at a time per conversation."""
 
 
 class StorageError(CogencyError):
@@ -167,6 +172,7 @@ __all__ = [
     "ConflictError",
     "ContextLengthError",
     "ContextWindowError",
+    "ConversationBusyError",
     "CorruptDataError",
     "InvalidResponseError",
     "LLMError",

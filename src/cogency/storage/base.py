@@ -23,6 +23,7 @@ MIGRATION_NAMES = (
     "m004_run_leases",
     "m005_forget_generation",
     "m006_approvals",
+    "m007_service",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
 
@@ -95,6 +96,21 @@ class SaveBatch:
     save_id: str | None = None
     approvals: list[dict[str, Any]] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ApiKeyRecord:
+    """One row of ``api_keys``: a key of the HTTP service, which acts as ``user_id``.
+
+    Only a hash of the key's secret is stored; ``key_id`` is its public part.
+    """
+
+    key_id: str
+    user_id: str
+    key_hash: str
+    name: str = ""
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
 
 
 @runtime_checkable
@@ -199,7 +215,53 @@ class Store(Protocol):
         advance their generation: learning that began before can then never write."""
         ...
 
+    # -- the HTTP service (``cogency serve``) ---------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRecord) -> None:
+        """Store a new key (its hash, never the key); ``ConflictError`` if the id exists."""
+        ...
+
+    async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        """The key with this public id, revoked or not; ``None`` when there is none."""
+        ...
+
+    async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]: ...
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        """Mark the key revoked (``NotFoundError`` if there is none); revoking twice is fine."""
+        ...
+
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+        """Reserve the conversation for one run across every process on this database.
+
+        ``ConversationBusyError`` while another live runner holds it; ``NotFoundError`` if it
+        is another user's. A runner whose process died holds nothing.
+        """
+        ...
+
+    async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        """Give up a hold taken by ``runner`` (nothing happens if it holds none)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+def busy_conversation(conversation_id: str) -> str:
+    """The message of :class:`~cogency.errors.ConversationBusyError`."""
+    return (
+        f"conversation {conversation_id!r} has a run in flight; wait for it to end "
+        "(follow it, or list unfinished tasks), then send the next message"
+    )
+
+
+def api_key_record(row: Any) -> ApiKeyRecord:
+    """An ``api_keys`` row (id, user, hash, name, created_at, revoked_at) as a record."""
+    key_id, user_id, key_hash, name, created, revoked = row
+    return ApiKeyRecord(
+        key_id, user_id, key_hash, name,
+        _time.parse(created) if created else None,
+        _time.parse(revoked) if revoked else None,
+    )
 
 
 def decode(text: str, table: str, key: str, column: str) -> dict[str, Any]:

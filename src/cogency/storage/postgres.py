@@ -11,6 +11,7 @@ task is then free, and every write of the old runner is fenced out by the lease 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 from collections import OrderedDict
@@ -25,6 +26,7 @@ from ..errors import (
     CogencyError,
     ConfigurationError,
     ConflictError,
+    ConversationBusyError,
     ForgottenError,
     NotFoundError,
     SchemaTooNewError,
@@ -36,12 +38,15 @@ from ..errors import (
 from ..memory.profile import Profile
 from .base import (
     MIGRATION_NAMES,
+    ApiKeyRecord,
     ConversationRecord,
     SaveBatch,
     TaskRecord,
     approval_data,
     approval_record,
     check_decisions,
+    api_key_record,
+    busy_conversation,
     conflict,
     conversation_record,
     decode,
@@ -254,6 +259,25 @@ async def _m006_approvals(db: asyncpg.Connection) -> None:
     )
 
 
+async def _m007_service(db: asyncpg.Connection) -> None:
+    # The HTTP service (`cogency serve`): its API keys. Which conversation has a run is a
+    # session advisory lock here (SQLite keeps a conversation_runs table instead): it dies
+    # with the replica that held it.
+    await db.execute(
+        """
+        CREATE TABLE api_keys (
+            key_id TEXT PRIMARY KEY,             -- the key's public part, shown by `keys list`
+            user_id TEXT NOT NULL,               -- every request with the key acts as this user
+            key_hash TEXT NOT NULL,              -- SHA-256 of the secret part; never the key
+            name TEXT NOT NULL DEFAULT '',
+            created_at TIMESTAMPTZ NOT NULL,
+            revoked_at TIMESTAMPTZ               -- set by `keys revoke`: the key stops working
+        );
+        CREATE INDEX api_keys_by_user ON api_keys(user_id);
+        """
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -261,6 +285,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m004_run_leases", _m004_run_leases),
     ("m005_forget_generation", _m005_forget_generation),
     ("m006_approvals", _m006_approvals),
+    ("m007_service", _m007_service),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -360,6 +385,9 @@ class PostgresStore:
         self._leases: dict[str, tuple[str, int]] = {}
         """task_id -> (runner, epoch) of the tasks this store's runs hold."""
         self._windows = _Windows()
+        self._holds: dict[str, str] = {}
+        """conversation_id -> runner of the conversations held (``hold_conversation``): session
+        advisory locks on the lease connection, gone with it."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -443,6 +471,7 @@ class PostgresStore:
         self._lease_db = None
         self._key = None
         self._leases.clear()
+        self._holds.clear()
 
     async def _use(
         self,
@@ -586,6 +615,7 @@ class PostgresStore:
         pool, lease_db = self._pool, self._lease_db
         self._pool, self._lease_db, self._key = None, None, None
         self._leases.clear()
+        self._holds.clear()
         try:
             if lease_db is not None and not lease_db.is_closed():
                 await lease_db.close(timeout=5)  # closing the session frees its advisory locks
@@ -629,6 +659,7 @@ class PostgresStore:
             # The lock went with the session: other stores may claim this store's tasks now,
             # and the runs still going here are fenced out when they do.
             self._lease_db, self._key = None, None
+            self._holds.clear()
 
     async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
         holder = self._leases.get(task_id)
@@ -698,6 +729,103 @@ class PostgresStore:
             raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
         self._leases.pop(task_id, None)
         return cast("str | None", row["runner"])
+
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+        await self._holder()  # the lease connection: holds live (and die) with its session
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            holder = self._holds.get(conversation_id)
+            if holder == runner:
+                return
+            db = self._lease_db
+            if db is None or db.is_closed():
+                raise StoreUnavailableError(
+                    f"the lease connection to PostgreSQL at {self._where()} was just lost; "
+                    "nothing is held: retry"
+                )
+            try:
+                # NULL: another user's conversation (it must look "not found", not "busy").
+                # Advisory locks nest within a session, so one this store holds is busy here.
+                got = await db.fetchval(
+                    "SELECT CASE WHEN EXISTS (SELECT 1 FROM conversations WHERE "
+                    "conversation_id = $2 AND user_id <> $3) THEN NULL "
+                    "WHEN $4 THEN false ELSE pg_try_advisory_lock($1) END",
+                    _hold_key(conversation_id), conversation_id, user_id,
+                    holder is not None,
+                )
+            except Exception as exc:
+                raise self._error(exc, "holding a conversation") from exc
+            if got is None:
+                raise NotFoundError(no_conversation(conversation_id, user_id))
+            if not got:
+                raise ConversationBusyError(busy_conversation(conversation_id))
+            self._holds[conversation_id] = runner
+
+    async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        await self._ready()
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            if self._holds.get(conversation_id) != runner:
+                return
+            del self._holds[conversation_id]
+            if self._lease_db is None or self._lease_db.is_closed():
+                return  # the session is gone, and its locks with it
+            try:
+                await self._lease_db.fetchval(
+                    "SELECT pg_advisory_unlock($1)", _hold_key(conversation_id)
+                )
+            except Exception as exc:
+                raise self._error(exc, "releasing a conversation") from exc
+
+    # -- API keys -------------------------------------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRecord) -> None:
+        driver = _driver()
+
+        async def work(db: asyncpg.Connection) -> None:
+            try:
+                await db.execute(
+                    "INSERT INTO api_keys (key_id, user_id, key_hash, name, created_at) "
+                    "VALUES ($1, $2, $3, $4, $5)",
+                    key.key_id, key.user_id, key.key_hash, key.name,
+                    key.created_at or _time.now(),
+                )
+            except driver.exceptions.UniqueViolationError as exc:
+                raise ConflictError(f"an API key {key.key_id!r} exists already") from exc
+
+        await self._use("creating an API key", work)
+
+    async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        async def work(db: asyncpg.Connection) -> ApiKeyRecord | None:
+            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+            return None if row is None else api_key_record(row)
+
+        return await self._read("checking an API key", work)
+
+    async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
+        async def work(db: asyncpg.Connection) -> list[ApiKeyRecord]:
+            if user_id is None:
+                rows = await db.fetch(_SELECT_KEYS + " ORDER BY created_at, key_id")
+            else:
+                rows = await db.fetch(
+                    _SELECT_KEYS + " WHERE user_id = $1 ORDER BY created_at, key_id", user_id
+                )
+            return [api_key_record(row) for row in rows]
+
+        return await self._read("listing API keys", work)
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        async def work(db: asyncpg.Connection) -> ApiKeyRecord:
+            await db.execute(
+                "UPDATE api_keys SET revoked_at = $2 WHERE key_id = $1 AND revoked_at IS NULL",
+                key_id, _time.now(),
+            )
+            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+            if row is None:
+                raise NotFoundError(f"no API key {key_id!r} (`cogency keys list` lists them)")
+            return api_key_record(row)
+
+        return await self._use("revoking an API key", work)
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -1355,6 +1483,9 @@ async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
     raise ConflictError(conflict(batch, version))
 
 
+_SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
+
+
 # PostgreSQL text cannot hold NUL, which SQLite stores (a model may emit "\u0000"). Text with
 # NUL is stored with it escaped; the escape character is escaped too, so the mapping is
 # reversible, and text holding neither (nearly all of it) is stored verbatim.
@@ -1381,6 +1512,14 @@ _HELD = (
     "AND l.objsubid = 1 AND l.classid::int8 = (t.lease_holder >> 32) & 4294967295 "
     "AND l.objid::int8 = t.lease_holder & 4294967295)"
 )
+
+
+def _hold_key(conversation_id: str) -> int:
+    """The advisory-lock key of a conversation's hold: 64 bits of a hash (the stores' random
+    lease keys share the space; meeting one is a 1 in 2**64 chance)."""
+    digest = hashlib.blake2b(b"cogency.conversation\0" + conversation_id.encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 def _message(row: Any) -> dict[str, Any]:

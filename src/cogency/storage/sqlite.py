@@ -15,6 +15,7 @@ from .. import _time
 from .._json import dumps
 from ..errors import (
     ConflictError,
+    ConversationBusyError,
     ForgottenError,
     NotFoundError,
     SchemaTooNewError,
@@ -25,6 +26,7 @@ from ..errors import (
 from ..memory.profile import Profile
 from .base import (
     MIGRATION_NAMES,
+    ApiKeyRecord,
     ConversationRecord,
     SaveBatch,
     TaskRecord,
@@ -32,6 +34,8 @@ from .base import (
     approval_data,
     approval_record,
     check_decisions,
+    api_key_record,
+    busy_conversation,
     conflict,
     conversation_record,
     decode,
@@ -227,6 +231,29 @@ def _m005_forget_generation(db: sqlite3.Connection) -> None:
     )
 
 
+def _m007_service(db: sqlite3.Connection) -> None:
+    # The HTTP service (`cogency serve`): its API keys, and which conversation has a run.
+    _script(db,
+        """
+        CREATE TABLE api_keys (
+            key_id TEXT PRIMARY KEY,             -- the key's public part, shown by `keys list`
+            user_id TEXT NOT NULL,               -- every request with the key acts as this user
+            key_hash TEXT NOT NULL,              -- SHA-256 of the secret part; never the key
+            name TEXT NOT NULL DEFAULT '',
+            created_at TEXT NOT NULL,
+            revoked_at TEXT                      -- set by `keys revoke`: the key stops working
+        );
+        CREATE INDEX api_keys_by_user ON api_keys(user_id);
+        CREATE TABLE conversation_runs (
+            conversation_id TEXT PRIMARY KEY,    -- one run at a time per conversation, across
+            user_id TEXT NOT NULL,               -- every process on this file
+            runner TEXT NOT NULL,                -- host|pid|start|token: a dead holder's row
+            started_at TEXT NOT NULL             -- is stale and taken over
+        );
+        """
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -234,6 +261,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m004_run_leases", _m004_run_leases),
     ("m005_forget_generation", _m005_forget_generation),
     ("m006_approvals", _m006_approvals),
+    ("m007_service", _m007_service),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -785,6 +813,89 @@ class SQLiteStore:
 
     async def user_generation(self, user_id: str) -> int:
         return await self._run(lambda db: _generation(db, user_id))
+    # -- the HTTP service -----------------------------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRecord) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            try:
+                db.execute(
+                    "INSERT INTO api_keys (key_id, user_id, key_hash, name, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (key.key_id, key.user_id, key.key_hash, key.name,
+                     (key.created_at or _time.now()).isoformat()),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise ConflictError(f"an API key {key.key_id!r} exists already") from exc
+
+        await self._run(self._write(work))
+
+    async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        def work(db: sqlite3.Connection) -> ApiKeyRecord | None:
+            row = db.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
+            return None if row is None else api_key_record(row)
+
+        return await self._run(work)
+
+    async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
+        def work(db: sqlite3.Connection) -> list[ApiKeyRecord]:
+            if user_id is None:
+                rows = db.execute(_SELECT_KEYS + " ORDER BY created_at, key_id")
+            else:
+                rows = db.execute(
+                    _SELECT_KEYS + " WHERE user_id = ? ORDER BY created_at, key_id", (user_id,)
+                )
+            return [api_key_record(row) for row in rows]
+
+        return await self._run(work)
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        def work(db: sqlite3.Connection) -> ApiKeyRecord:
+            db.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
+                (_time.now().isoformat(), key_id),
+            )
+            row = db.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no API key {key_id!r} (`cogency keys list` lists them)")
+            return api_key_record(row)
+
+        return await self._run(self._write(work))
+
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            owner = _conversation_owner(db, conversation_id)
+            if owner is not None and owner != user_id:
+                raise NotFoundError(no_conversation(conversation_id, user_id))
+            row = db.execute(
+                "SELECT runner FROM conversation_runs WHERE conversation_id = ?",
+                (conversation_id,),
+            ).fetchone()
+            if row is not None and row[0] != runner and runner_alive(row[0]):
+                raise ConversationBusyError(busy_conversation(conversation_id))
+            db.execute(
+                "INSERT OR REPLACE INTO conversation_runs (conversation_id, user_id, runner, "
+                "started_at) VALUES (?, ?, ?, ?)",
+                (conversation_id, user_id, runner, _time.now().isoformat()),
+            )
+
+        await self._run(self._write(work))
+
+    async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        try:
+            await self._run(
+                self._write(
+                    lambda db: db.execute(
+                        "DELETE FROM conversation_runs WHERE conversation_id = ? AND runner = ?",
+                        (conversation_id, runner),
+                    )
+                )
+            )
+        except BaseException:
+            abandon_runner(runner)  # its row is stale from now on, whatever the database says
+            raise
+
+
+_SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
 
 
 # -- row helpers (run on the worker thread) -------------------------------------------------
