@@ -27,13 +27,14 @@ def cli(tmp_path, db_path):
     """``cli(*args, script=[...])`` runs ``python -m cogency.cli`` and returns the process."""
     script_file = tmp_path / "script.json"
 
-    def run(*args, script=None, timeout=60, llm="cli_models:scripted"):
+    def run(*args, script=None, timeout=60, llm="cli_models:scripted", memory=False):
         script_file.write_text(json.dumps(script or []))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get(
             "PYTHONPATH", "")]), "COGENCY_TEST_SCRIPT": str(script_file), "NO_COLOR": "1"}
         command = [sys.executable, "-m", "cogency.cli", *args, "--db", str(db_path)]
-        if args and args[0] in ("run", "resume") and llm:
-            command += ["--llm", llm]
+        if args and args[0] in ("run", "resume"):
+            command += ["--llm", llm] if llm else []
+            command += [] if memory else ["--no-memory"]
         return subprocess.run(command, capture_output=True, text=True, env=env,
                               timeout=timeout, cwd=tmp_path)
 
@@ -136,7 +137,7 @@ def test_conversations_and_profile_commands(cli, db_path):
     assert "first answer" not in stranger.stdout + stranger.stderr
     profile = cli("profile", "show", "carol")
     assert profile.returncode == 0 and '"user_id": "carol"' in profile.stdout
-    forgot = cli("profile", "forget", "carol")
+    forgot = cli("profile", "forget", "carol", "--yes")
     assert forgot.returncode == 0 and "forgot 'carol'" in forgot.stdout
     for table in ("user_profiles", "conversations", "conversation_messages", "task_workspaces"):
         assert rows(db_path, f"SELECT COUNT(*) FROM {table}") == [(0,)]

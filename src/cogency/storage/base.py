@@ -12,13 +12,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from .. import _time
 from .._json import dumps, loads
-from ..errors import CorruptDataError
+from ..errors import CorruptDataError, SchemaTooNewError, StorageError
 from ..memory.profile import Profile
 
 MIGRATION_NAMES = (
     "m001_initial",
     "m002_conversation_messages",
     "m003_task_workspace_columns",
+    "m008_task_settings",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
 
@@ -35,6 +36,8 @@ class TaskRecord:
     version: int = 1
     runner: str | None = None
     updated_at: datetime | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    """What the task's starter stored to run it again (the CLI: its tools, root and model)."""
 
 
 @dataclass
@@ -179,7 +182,7 @@ def conversation_record(row: Any) -> ConversationRecord:
 
 def task_record(row: Any, text: Callable[[str], str] = str) -> TaskRecord:
     """A ``task_workspaces`` row as a record; ``text`` reads the stored query."""
-    task_id, user_id, conversation_id, query, data, version, runner, updated = row
+    task_id, user_id, conversation_id, query, data, version, runner, updated, settings = row
     return TaskRecord(
         task_id,
         user_id,
@@ -189,7 +192,39 @@ def task_record(row: Any, text: Callable[[str], str] = str) -> TaskRecord:
         version,
         runner,
         _time.parse(updated) if updated else None,
+        decode(settings or "{}", "task_workspaces", task_id, "settings"),
     )
+
+
+def too_new(done: set[str]) -> SchemaTooNewError | None:
+    """The error for a database with schema steps (``done``) this Cogency does not know."""
+    unknown = done - set(MIGRATION_NAMES)
+    if not unknown:
+        return None
+    return SchemaTooNewError(
+        f"the database has schema steps this Cogency does not know ({', '.join(sorted(unknown))}): "
+        "it was written by a newer Cogency; upgrade cogency to open it"
+    )
+
+
+def schema_problem(done: set[str], where: str) -> StorageError | None:
+    """Why a database whose applied steps are ``done`` cannot be read without migrating it."""
+    newer = too_new(done)
+    if newer is not None:
+        return newer
+    if not done:
+        return StorageError(
+            f"the database {where} holds no Cogency tables: nothing was ever stored in it, or it "
+            "belongs to another program; check the path"
+        )
+    missing = [name for name in MIGRATION_NAMES if name not in done]
+    if missing:
+        return StorageError(
+            f"the database {where} has an older schema (missing {', '.join(missing)}) and was "
+            "opened read-only, so it cannot be upgraded here: run one writing command on it "
+            "(e.g. `cogency run`) with write access, or open it with a writable store"
+        )
+    return None
 
 
 def legacy_messages(

@@ -24,7 +24,6 @@ from ..errors import (
     ConfigurationError,
     ConflictError,
     NotFoundError,
-    SchemaTooNewError,
     StorageError,
     StoreUnavailableError,
     TaskRunningError,
@@ -41,7 +40,9 @@ from .base import (
     decode_profile,
     legacy_messages,
     no_conversation,
+    schema_problem,
     task_record,
+    too_new,
 )
 
 if TYPE_CHECKING:
@@ -186,10 +187,17 @@ async def _m003_task_workspace_columns(db: asyncpg.Connection) -> None:
         )
 
 
+async def _m008_task_settings(db: asyncpg.Connection) -> None:
+    # What the task's starter needs to run it again as it was started (the CLI keeps its
+    # tools, root and model here), so a resume does not silently run with other tools.
+    await db.execute("ALTER TABLE task_workspaces ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
+    ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -207,13 +215,9 @@ async def migrate(db: asyncpg.Connection, upto: str | None = None) -> list[str]:
             "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
         done = {row[0] for row in await db.fetch("SELECT name FROM schema_migrations")}
-        unknown = done - set(MIGRATION_NAMES)
-        if unknown:
-            raise SchemaTooNewError(
-                f"the database has schema steps this Cogency does not know "
-                f"({', '.join(sorted(unknown))}): it was written by a newer Cogency; "
-                "upgrade cogency to open it"
-            )
+        newer = too_new(done)
+        if newer is not None:
+            raise newer
         if not done and await db.fetchval("SELECT to_regclass('user_profiles') IS NOT NULL"):
             done.add("m001_initial")  # a seed-era database made without migrations
             await db.execute(
@@ -233,6 +237,19 @@ async def migrate(db: asyncpg.Connection, upto: str | None = None) -> list[str]:
         return applied
 
 
+async def _check_schema(db: asyncpg.Connection, where: str) -> None:
+    """Raise unless the schema is current; never changes it (for read-only stores)."""
+    if await db.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        done = {row[0] for row in await db.fetch("SELECT name FROM schema_migrations")}
+    elif await db.fetchval("SELECT to_regclass('user_profiles') IS NOT NULL"):
+        done = {"m001_initial"}
+    else:
+        done = set()
+    problem = schema_problem(done, repr(where))
+    if problem is not None:
+        raise problem
+
+
 # -- the store ------------------------------------------------------------------------------
 
 
@@ -244,6 +261,10 @@ class PostgresStore:
     connection, or ``lock_timeout`` for a row lock, raises
     :class:`~cogency.errors.StoreUnavailableError`. Tasks being run are held by session advisory
     locks on one extra connection per store, so a process that dies frees its tasks at once.
+
+    ``read_only=True`` never migrates or writes (every session is read-only): a database with
+    an older schema is a :class:`~cogency.errors.StorageError` saying to open it once for
+    writing.
 
     ``synchronous_commit=None`` keeps the server's setting (by default every commit waits for
     its disk flush, a few ms on ordinary disks). ``False`` answers before the flush: a crash of
@@ -263,6 +284,7 @@ class PostgresStore:
         lock_timeout: float = 10.0,
         command_timeout: float | None = 60.0,
         synchronous_commit: bool | None = None,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.startswith(("postgresql://", "postgres://")):
             raise UsageError(
@@ -278,6 +300,7 @@ class PostgresStore:
         self.lock_timeout = lock_timeout
         self.command_timeout = command_timeout
         self.synchronous_commit = synchronous_commit
+        self.read_only = read_only
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
@@ -334,7 +357,10 @@ class PostgresStore:
             raise self._connect_error(exc) from exc
         try:
             async with pool.acquire(timeout=self.acquire_timeout) as db:
-                await migrate(db)
+                if self.read_only:
+                    await _check_schema(db, redact(self.dsn))
+                else:
+                    await migrate(db)
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, CogencyError) or not isinstance(exc, Exception):
@@ -355,6 +381,8 @@ class PostgresStore:
             settings["synchronous_commit"] = "off"
         elif self.synchronous_commit is not None:
             settings["synchronous_commit"] = "on" if self.synchronous_commit else "off"
+        if self.read_only:
+            settings["default_transaction_read_only"] = "on"
         return settings
 
     def _forget_loop(self) -> None:
@@ -658,10 +686,11 @@ class PostgresStore:
             try:
                 await db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-                    "workspace_data, version, runner, updated_at) "
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    "workspace_data, version, runner, updated_at, settings) "
+                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                     task.task_id, task.user_id, task.conversation_id, _put_text(task.query),
                     dumps(task.workspace), task.version, task.runner, stamp,
+                    dumps(task.settings),
                 )
             except driver.exceptions.UniqueViolationError as exc:
                 raise ConflictError(
@@ -863,7 +892,7 @@ class PostgresStore:
 
 _TASK_COLUMNS = (
     "SELECT task_id, user_id, conversation_id, query, workspace_data::text, version, runner, "
-    "updated_at FROM task_workspaces"
+    "updated_at, settings FROM task_workspaces"
 )
 _CONVERSATION_COLUMNS = (
     "SELECT conversation_id, user_id, conversation_data::text, message_count, updated_at "

@@ -15,7 +15,6 @@ from .._json import dumps
 from ..errors import (
     ConflictError,
     NotFoundError,
-    SchemaTooNewError,
     StorageError,
     StoreUnavailableError,
     TaskRunningError,
@@ -34,7 +33,9 @@ from .base import (
     legacy_messages,
     no_conversation,
     runner_alive,
+    schema_problem,
     task_record,
+    too_new,
 )
 
 T = TypeVar("T")
@@ -152,6 +153,12 @@ def _m003_task_workspace_columns(db: sqlite3.Connection) -> None:
         )
 
 
+def _m008_task_settings(db: sqlite3.Connection) -> None:
+    # What the task's starter needs to run it again as it was started (the CLI keeps its
+    # tools, root and model here), so a resume does not silently run with other tools.
+    db.execute("ALTER TABLE task_workspaces ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+
+
 def _script(db: sqlite3.Connection, sql: str) -> None:
     # executescript() would COMMIT first; a migration must stay inside its transaction.
     statement = ""
@@ -166,6 +173,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
+    ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -179,12 +187,9 @@ def migrate(db: sqlite3.Connection, upto: str | None = None) -> list[str]:
             "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
         done = {row[0] for row in db.execute("SELECT name FROM schema_migrations")}
-        unknown = done - set(MIGRATION_NAMES)
-        if unknown:
-            raise SchemaTooNewError(
-                f"the database has schema steps this Cogency does not know ({', '.join(sorted(unknown))}): "
-                "it was written by a newer Cogency; upgrade cogency to open it"
-            )
+        newer = too_new(done)
+        if newer is not None:
+            raise newer
         if not done and _has_table(db, "user_profiles"):
             done.add("m001_initial")  # a seed-era database made without migrations
             db.execute(
@@ -207,6 +212,13 @@ def migrate(db: sqlite3.Connection, upto: str | None = None) -> list[str]:
         raise
 
 
+def _applied(db: sqlite3.Connection) -> set[str]:
+    """The schema steps applied to ``db`` (a seed-era file counts as having the first)."""
+    if _has_table(db, "schema_migrations"):
+        return {row[0] for row in db.execute("SELECT name FROM schema_migrations")}
+    return {"m001_initial"} if _has_table(db, "user_profiles") else set()
+
+
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     row = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
     return row.fetchone() is not None
@@ -217,10 +229,22 @@ class SQLiteStore:
 
     The file and its directory are created on first use; ``":memory:"`` keeps everything in
     memory. Calls run on one worker thread so the event loop never blocks on disk.
+
+    ``read_only=True`` never creates, migrates or writes anything: a missing file is a
+    :class:`~cogency.errors.NotFoundError`, a file with an older schema a
+    :class:`~cogency.errors.StorageError` saying to open it once for writing, and writes raise
+    :class:`~cogency.errors.UsageError`. It reads files the process may not write.
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = BUSY_TIMEOUT_MS / 1000,
+        read_only: bool = False,
+    ) -> None:
         self.path = str(path)
+        self.read_only = read_only
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self._db: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -236,6 +260,9 @@ class SQLiteStore:
         if self._closed:
             raise UsageError("this store is closed; open a new one")
         if self._db is not None:
+            return self._db
+        if self.read_only:
+            self._db = self._connect_read_only()
             return self._db
         if self.path != ":memory:":
             try:
@@ -267,6 +294,47 @@ class SQLiteStore:
         self._db = db
         return db
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            raise UsageError("an in-memory database cannot be opened read-only: it is empty")
+        path = Path(self.path).expanduser()
+        if not path.is_file():
+            raise NotFoundError(
+                f"there is no database at {self.path!r} (nothing was ever stored there); "
+                "check the path"
+            )
+        uri = path.resolve().as_uri()
+        db: sqlite3.Connection | None = None
+        try:
+            try:
+                db = self._open_uri(f"{uri}?mode=ro")
+            except sqlite3.OperationalError:
+                # A WAL file in a place this process cannot write (no -shm can be made):
+                # read it as immutable, which is what such a file is to this process.
+                db = self._open_uri(f"{uri}?mode=ro&immutable=1")
+            problem = schema_problem(_applied(db), repr(self.path))
+            if problem is not None:
+                raise problem
+        except BaseException as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _storage_error(exc, self.path) from exc
+            raise
+        return db
+
+    def _open_uri(self, uri: str) -> sqlite3.Connection:
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
+                             timeout=self._busy_timeout_ms / 1000)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            db.execute("PRAGMA query_only = ON")
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # opens the file now
+        except BaseException:
+            db.close()
+            raise
+        return db
+
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="cogency-sqlite")
@@ -286,6 +354,9 @@ class SQLiteStore:
             ) from exc
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+        if self.read_only:
+            raise UsageError(f"the database {self.path!r} was opened read-only; nothing was written")
+
         def transaction(db: sqlite3.Connection) -> T:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -345,9 +416,11 @@ class SQLiteStore:
             try:
                 db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-                    "workspace_data, version, runner, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "workspace_data, version, runner, updated_at, settings) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (task.task_id, task.user_id, task.conversation_id, task.query,
-                     dumps(task.workspace), task.version, task.runner, stamp),
+                     dumps(task.workspace), task.version, task.runner, stamp,
+                     dumps(task.settings)),
                 )
             except sqlite3.IntegrityError as exc:
                 raise ConflictError(
@@ -367,8 +440,7 @@ class SQLiteStore:
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
         def work(db: sqlite3.Connection) -> TaskRecord:
             row = db.execute(
-                "SELECT task_id, user_id, conversation_id, query, workspace_data, version, runner, "
-                "updated_at FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+                _SELECT_TASKS + " WHERE task_id = ? AND user_id = ?",
                 (task_id, user_id),
             ).fetchone()
             if row is None:
@@ -382,10 +454,7 @@ class SQLiteStore:
 
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
         def work(db: sqlite3.Connection) -> list[TaskRecord]:
-            sql = (
-                "SELECT task_id, user_id, conversation_id, query, workspace_data, version, runner, "
-                "updated_at FROM task_workspaces"
-            )
+            sql = _SELECT_TASKS
             rows = (
                 db.execute(sql + " WHERE user_id = ? ORDER BY updated_at", (user_id,))
                 if user_id is not None
@@ -614,6 +683,10 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
     )
 
 
+_SELECT_TASKS = (
+    "SELECT task_id, user_id, conversation_id, query, workspace_data, version, runner, "
+    "updated_at, settings FROM task_workspaces"
+)
 _SELECT_MESSAGES = (
     "SELECT seq, role, content, task_id, tokens, created_at FROM conversation_messages "
     "WHERE conversation_id = ?"
