@@ -26,3 +26,24 @@ def scripted() -> ScriptedLLM:
 
 def bad_key() -> ScriptedLLM:
     return ScriptedLLM([AuthenticationError("the provider rejected the key: set OPENAI_API_KEY")])
+
+
+def streaming() -> ScriptedLLM:
+    """The script, each reply streamed in 8-character pieces (token events)."""
+    llm = scripted()
+    llm.chunk = 8
+    return llm
+
+
+class _SlowModel(ScriptedLLM):
+    """A model that takes a while to load and to answer (like the offline one on a slow box)."""
+
+    name = "slow-test-model"
+
+    async def start(self) -> None:
+        await asyncio.sleep(0.3)
+
+
+def slow() -> ScriptedLLM:
+    llm = scripted()
+    return _SlowModel(list(llm._queue), delay=float(os.environ.get("COGENCY_TEST_DELAY", "1.5")))

@@ -1,0 +1,157 @@
+"""The command line as a new user meets it (issue 13): every point through the real command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+
+import pytest
+from cli_run import Cli, learned, rows, step
+
+from cogency.cli import build_parser
+
+
+@pytest.fixture
+def cli(tmp_path, db_path):
+    return Cli(tmp_path, db_path)
+
+
+def test_version_and_help_for_every_argument_and_subcommand(cli):
+    from cogency import __version__
+
+    version = cli("--version", db=False)
+    assert version.returncode == 0 and version.stdout.strip() == f"cogency {__version__}"
+    top = cli("--help", db=False)
+    for command in ("run", "resume", "tasks", "conversations", "profile"):
+        assert command in top.stdout
+    run = cli("run", "--help", db=False, llm=None, memory=True)
+    assert run.returncode == 0
+    assert "--no-memory" in run.stdout and "cogency run -" in run.stdout
+    # Every option and operand of every subcommand says what it is for.
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in subparsers._choices_actions}
+    assert set(helps) == set(subparsers.choices) and all(helps.values())
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            assert action.help, f"`cogency {name}` has {action.dest} without help"
+
+
+def test_the_cli_learns_the_profile_unless_told_not_to(cli, db_path):
+    quiet = cli("run", "hello", "--user", "dana",
+                script=[step(response="hi"), learned(interests=["chess"])])
+    assert quiet.returncode == 0, quiet.stderr
+    assert "chess" not in cli("profile", "show", "dana").stdout  # --no-memory learned nothing
+    taught = cli("run", "I write Rust at work", "--user", "dana", memory=True,
+                 script=[step(response="noted"),
+                         learned(preferences=[{"key": "language", "value": "Rust"}])])
+    assert taught.returncode == 0, taught.stderr
+    assert taught.stderr == ""
+    shown = cli("profile", "show", "--user", "dana")
+    assert shown.returncode == 0
+    profile = json.loads(shown.stdout)
+    assert profile["preferences"] == {"language": "Rust"} and profile["interests"] == []
+    (stored,) = rows(db_path, "SELECT profile_data FROM user_profiles WHERE user_id = 'dana'")[0]
+    assert json.loads(stored)["preferences"] == {"language": "Rust"}
+
+
+def test_hints_work_as_printed_and_resume_keeps_tools_and_root(cli, tmp_path, db_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("the code is 7\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    stalled = cli("run", "What code is in notes.txt?", "--user", "bob", "--tools", "files",
+                  "--root", str(work), "--max-iterations", "1",
+                  script=[step(objective="find the code")])
+    assert stalled.returncode == 1
+    (task,) = rows(db_path, "SELECT task_id FROM task_workspaces")[0]
+    hint = stalled.stderr.split("resume with: ")[1].strip()
+    assert hint == f"cogency resume {task} --user bob --db {shlex.quote(str(db_path))}"
+    listed = cli("tasks")
+    assert f"resume: {hint}" in listed.stdout
+    # The printed command, run from another directory with no --tools/--root/--llm: the task
+    # still has its model, its files tools and its root.
+    script = [step(actions=[{"name": "file_read", "args": {"path": "notes.txt"}}]),
+              step(response="The code is 7."), learned()]
+    resumed = subprocess.run(shlex.split(hint), capture_output=True, text=True,
+                             env=cli.env(script), cwd=elsewhere, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "✓ file_read: the code is 7" in resumed.stdout and "The code is 7." in resumed.stdout
+    assert rows(db_path, "SELECT COUNT(*) FROM task_workspaces") == [(0,)]
+    # The conversation listing's hint works as printed too.
+    conversations = cli("conversations", "--user", "bob")
+    show = conversations.stdout.strip().splitlines()[-1].removeprefix("show the newest: ")
+    shown = subprocess.run(shlex.split(show), capture_output=True, text=True,
+                           env=cli.env(), timeout=60)
+    assert shown.returncode == 0 and "assistant: The code is 7." in shown.stdout
+
+
+def test_unknown_conversation_is_an_error_and_an_id_alone_shows_one(cli, db_path):
+    first = cli("run", "first", "--user", "erin", "--json", script=[step(response="one")])
+    conversation = json.loads(first.stdout.splitlines()[0])["conversation_id"]
+    typo = cli("run", "second", "--user", "erin", "--conversation", conversation + "x",
+               script=[step(response="two")])
+    assert typo.returncode == 1
+    assert typo.stderr.startswith(f"error: no conversation '{conversation}x' for user 'erin'")
+    assert f"cogency conversations --user erin --db {db_path}" in typo.stderr
+    assert rows(db_path, "SELECT conversation_id FROM conversations") == [(conversation,)]
+    assert rows(db_path, "SELECT COUNT(*) FROM conversation_messages") == [(2,)]
+    shown = cli("conversations", conversation, "--user", "erin")
+    assert shown.returncode == 0 and shown.stdout.splitlines() == ["user: first", "assistant: one"]
+    wrong = cli("conversations", "a", "b", "--user", "erin")
+    assert wrong.returncode == 1 and "cogency conversations b --user erin" in wrong.stderr
+
+
+def test_the_query_comes_from_stdin(cli, db_path):
+    big = ("a line of the long input\n" * 44_000).encode()  # ~1 MB
+    assert len(big) > 1_000_000
+    done = cli("run", "-", "--json", input=big, script=[step(response="read it")])
+    assert done.returncode == 0, done.stderr
+    piped = cli("run", "--json", input="piped question\n".encode(), script=[step(response="ok")])
+    assert piped.returncode == 0, piped.stderr
+    stored = rows(db_path, "SELECT content FROM conversation_messages WHERE role = 'user' "
+                           "ORDER BY rowid")
+    assert [len(text) for (text,) in stored] == [len(big) - 1, len("piped question")]
+    empty = cli("run", "-", input=b"  \n", script=[step(response="x")])
+    assert empty.returncode == 1 and "empty" in empty.stderr
+
+
+def test_model_loading_and_waits_are_shown_as_they_happen(cli):
+    done = cli("run", "hi", "--wait-notice", "0.4", llm="cli_models:slow",
+               script=[step(response="late but here")], COGENCY_TEST_DELAY="1.5")
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "loading the model (slow-test-model)…"
+    assert lines[1].startswith("model loaded in ")
+    waits = [line for line in lines if line.startswith("… still waiting for the model")]
+    assert 2 <= len(waits) <= 4, done.stderr  # one per 0.4 s of silence, not one per poll
+    assert "late but here" in done.stdout
+
+
+def test_json_prints_tokens_only_when_asked(cli):
+    plain = cli("run", "hi", "--json", llm="cli_models:streaming",
+                script=[step(response="a long enough answer to stream in pieces")])
+    types = [json.loads(line)["type"] for line in plain.stdout.splitlines()]
+    assert "token" not in types and len(types) <= 6, types
+    tokens = cli("run", "hi", "--json", "--tokens", llm="cli_models:streaming",
+                 script=[step(response="a long enough answer to stream in pieces")])
+    pieces = [json.loads(line) for line in tokens.stdout.splitlines()]
+    text = "".join(event["text"] for event in pieces if event["type"] == "token")
+    assert "a long enough answer" in text
+
+
+def test_profile_forget_asks_first_and_says_when_there_is_nothing(cli, db_path):
+    cli("run", "hi", "--user", "carol", script=[step(response="hello")])
+    refused = cli("profile", "forget", "carol")
+    assert refused.returncode == 1 and "add --yes" in refused.stderr
+    assert rows(db_path, "SELECT COUNT(*) FROM conversations") == [(1,)]
+    status, screen = cli.tty("profile", "forget", "carol", answer=b"y\n")
+    assert "erase everything stored about 'carol'" in screen and "[y/N]" in screen
+    assert status == 0 and "forgot 'carol'" in screen
+    for table in ("user_profiles", "conversations", "conversation_messages"):
+        assert rows(db_path, f"SELECT COUNT(*) FROM {table}") == [(0,)]
+    nothing = cli("profile", "forget", "carol", "--yes")
+    assert nothing.returncode == 0 and "nothing to forget" in nothing.stdout
