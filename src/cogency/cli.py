@@ -664,6 +664,9 @@ TEXT_KEEPS = "\n\t\u200c\u200d"
 Indic scripts and emoji need. Ids keep none of them."""
 
 
+_NAMED = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
+
+
 def visible(text: str, keep: str = TEXT_KEEPS) -> str:
     """``text`` with every terminal control, format character and lone surrogate shown as an
     escape (``\\x1b``, ``\\u202e``, ``\\ud800``), so printing it can neither drive the terminal
@@ -677,6 +680,8 @@ def visible(text: str, keep: str = TEXT_KEEPS) -> str:
 
 
 def _escape(ch: str) -> str:
+    if ch in _NAMED:
+        return _NAMED[ch]
     code = ord(ch)
     if code < 0x100:
         return f"\\x{code:02x}"
