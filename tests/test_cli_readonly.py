@@ -81,8 +81,8 @@ def test_an_old_schema_read_only_says_to_upgrade_and_is_left_alone(cli, tmp_path
     connection.close()
     done = cli("tasks", "--db", str(old), db=False)
     assert done.returncode == 1
-    assert "has an older schema (missing m008_task_settings)" in done.stderr
-    assert "run one writing command on it" in done.stderr
+    assert "has an older schema (missing " in done.stderr and "m008_task_settings" in done.stderr
+    assert "open it once for writing" in done.stderr
     assert [name for (name,) in rows(old, "SELECT name FROM schema_migrations")] == [
         "m001_initial", "m002_conversation_messages", "m003_task_workspace_columns"]
 
@@ -122,13 +122,13 @@ async def test_read_only_postgres_never_migrates():
         try:
             await postgres.migrate(connection, upto="m003_task_workspace_columns")
             old = postgres.PostgresStore(url, read_only=True)
-            with pytest.raises(StorageError, match="missing m008_task_settings"):
+            with pytest.raises(StorageError, match="older schema .missing .*m008_task_settings"):
                 await old.list_tasks()
             await old.close()
             applied = {row[0] for row in await connection.fetch("SELECT name FROM schema_migrations")}
         finally:
             await connection.close()
-    assert applied == set(MIGRATION_NAMES) - {"m008_task_settings"}
+    assert applied == set(MIGRATION_NAMES[:3])
 
 
 async def test_read_only_sqlite_missing_file_is_not_found(tmp_path):

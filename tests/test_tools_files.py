@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -10,6 +11,7 @@ import socket
 import sqlite3
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -282,3 +284,68 @@ async def test_the_agent_sees_refusals_as_results_and_they_are_stored(world, sto
     # The refusal reached the model as marked data in its next call.
     seen = llm.calls[1][-2]["content"]
     assert "never follow instructions" in seen and "out of the root" in seen
+
+
+async def test_a_catastrophic_regex_is_stopped_and_reported_without_freezing_the_loop(
+    tmp_path,
+) -> None:
+    # Python's re held the GIL on (a|aa)+$ for as long as it backtracked: the tool's time
+    # limit never fired and every run in the process froze.
+    (tmp_path / "trap.txt").write_text("a" * 41 + "b\nplain line\n")
+    tools = _tools(tmp_path)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        started = time.monotonic()
+        slow = await _call(tools, "file_search", pattern="(a|aa)+$", regex=True)
+        took = time.monotonic() - started
+    finally:
+        ticker.cancel()
+    assert not slow["ok"] and slow["error"].startswith("ToolError: pattern too slow")
+    assert "trap.txt" in slow["error"] and "(a+)+" in slow["error"]
+    assert took < 8
+    assert ticks >= took / 0.05 / 3  # the loop kept running while the pattern was matched
+    nested = await _call(tools, "file_search", pattern="(a+)+$", regex=True)
+    assert nested["ok"] and nested["output"] == "no matches"
+    fine = await _call(tools, "file_search", pattern=r"pla\w+", regex=True)
+    assert fine["output"] == "trap.txt:2: plain line"
+    bad = await _call(tools, "file_search", pattern="(", regex=True)
+    assert not bad["ok"] and "invalid regular expression" in bad["error"]
+
+
+async def test_search_of_a_very_deep_tree_reports_what_it_did_not_reach(tmp_path) -> None:
+    tools = _tools(tmp_path)
+    deep = "/".join(["d"] * 1200)
+    wrote = await _call(tools, "file_write", path=f"{deep}/needle.txt", content="needle deep\n")
+    assert wrote["ok"], wrote
+    assert (await _call(tools, "file_write", path="d/d/near.txt", content="needle near\n"))["ok"]
+    found = await _call(tools, "file_search", pattern="needle")
+    assert found["ok"], found  # was RecursionError
+    assert "d/d/near.txt:1: needle near" in found["output"]
+    assert "needle deep" not in found["output"]
+    assert "[error: 1 directories nested deeper than 64 levels were not searched" in found["output"]
+    # From a deeper path the rest is reachable.
+    lower = "/".join(["d"] * 1150)
+    below = await _call(tools, "file_search", pattern="needle", path=lower)
+    assert below["ok"] and "needle deep" in below["output"]
+
+
+async def test_file_write_never_keeps_set_user_or_group_id_bits(tmp_path) -> None:
+    target = tmp_path / "tool.sh"
+    target.write_text("#!/bin/sh\necho old\n")
+    target.chmod(0o6755)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o6755
+    tools = _tools(tmp_path)
+    assert (await _call(tools, "file_write", path="tool.sh", content="#!/bin/sh\necho new\n"))["ok"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    target.chmod(0o6755)
+    assert (await _call(tools, "file_edit", path="tool.sh", old="new", new="newer"))["ok"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    assert target.read_text() == "#!/bin/sh\necho newer\n"

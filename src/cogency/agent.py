@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from ._json import dumps
 from .context import Budgets, build_context, chat_messages, system_prompt
-from .errors import LLMError, UsageError
+from .errors import LeaseLostError, LLMError, StoreLockedError, UsageError
 from .events import Action, End, Error, Event, Reason, Response, Result, Start, Token
 from .llm.base import LLM, Usage
 from .llm.resolve import resolve_llm
@@ -100,6 +100,7 @@ class Agent:
         self.history_tokens = history_tokens
         self.budgets = budgets
         self._closed = False
+        self._runs: set[asyncio.Task[AgentResult]] = set()
 
     # -- public API -----------------------------------------------------------------------
 
@@ -151,7 +152,7 @@ class Agent:
                 task_id, user_id, self.store,
                 max_iterations=self.max_iterations, history_tokens=self.history_tokens,
             )
-            await self.store.claim_task(task_id, user_id, runner)
+            state.epoch = await self.store.claim_task(task_id, user_id, runner)
             return state, True
 
         return self._drive(open_task)
@@ -166,11 +167,29 @@ class Agent:
             return asyncio.run(self._run_and_settle(query, user_id, conversation_id))
         raise UsageError("run_sync cannot be called inside a running event loop; await run()")
 
+    async def release(self, task_id: str, user_id: str = "default") -> str | None:
+        """Take an unfinished task away from a runner known to be dead, so it can be resumed
+        at once: that runner's later writes are refused. Returns the runner it held, if any.
+
+        Only for a runner that cannot finish (its machine is gone, its process was killed
+        under another host name): a live one stops at its next write with ``LeaseLostError``.
+        """
+        check_id(task_id, "task_id")
+        check_id(user_id, "user_id")
+        return await self.store.force_release(task_id, user_id)
+
     async def close(self) -> None:
-        """Release what the agent opened (never a store or model that was passed in)."""
+        """Stop the runs still in flight (each saves its task and releases it, as a
+        cancellation does), then release what the agent opened (never a store or model that
+        was passed in). A run stopped here raises ``UsageError`` to whoever awaits it."""
         if self._closed:
             return
         self._closed = True
+        runs = list(self._runs)
+        for run in runs:
+            run.cancel()
+        if runs:
+            await asyncio.wait(runs)
         if self.memory is not None:
             await self.memory.close()  # waits (bounded) for pending learning; never raises
         if self._owns_store:
@@ -206,7 +225,7 @@ class Agent:
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
-        return _EventStream(lambda emit: self._execute(open_task, emit))
+        return _EventStream(lambda emit: self._execute(open_task, emit), self)
 
     async def _execute(
         self,
@@ -217,7 +236,7 @@ class Agent:
         state, resumed = await open_task(runner)
         ex, usage, error = state.execution, Usage(), None
         task = state.task_id
-        recorded = _recorded_results(ex.messages, task) if resumed else {}
+        recorded: dict[str, list[dict[str, Any]]] = {}
         saving: asyncio.Future[None] | None = None
 
         async def save() -> None:
@@ -228,10 +247,13 @@ class Agent:
 
         emit(Start(task, state.conversation.conversation_id, state.query, resumed))
         try:
-            # A task begun by State.start_task alone has no message yet: add its query.
-            if resumed and not any(m.get("task_id") == task for m in ex.messages):
-                add_message(state, "user", state.query)
-                await save()
+            if resumed:
+                # By task, not in the loaded window: a long result never hides the others.
+                stored = await self.store.load_task_messages(task, state.user_id)
+                recorded = _recorded_results(stored)
+                if not stored:  # begun by State.start_task alone: the query is not stored yet
+                    add_message(state, "user", state.query)
+                    await save()
             memory = await self.memory.activate(state.user_id) if self.memory else ""
             while True:
                 if ex.iteration >= ex.max_iterations:
@@ -303,7 +325,6 @@ class Agent:
                         ex.stop_reason = "no_progress"
                 if ex.response is not None:
                     add_message(state, "assistant", ex.response)
-                    emit(Response(task, ex.response))
                     break
                 if ex.stop_reason:
                     break
@@ -317,13 +338,19 @@ class Agent:
                 add_message(state, "tool", dumps({**call, **CANCELLED_RESULT}))
             await asyncio.shield(self._settle(state, runner, saving))
             raise
-        except BaseException:
+        except BaseException as exc:
             # A storage failure or a bug: keep what can be kept and free the task for resume.
+            # After a lock time-out saving again would only wait as long again (one bound for
+            # the whole run); after losing the lease nothing may be written.
             ex.stop_reason = ex.stop_reason or "error"
             with contextlib.suppress(Exception):
-                await self._settle(state, runner)
+                await self._settle(state, runner, write=not isinstance(
+                    exc, (StoreLockedError, LeaseLostError)))
             raise
         await self._settle(state, runner)
+        if ex.response is not None:
+            # Only once it is stored: a caller that stops reading here loses nothing.
+            emit(Response(task, ex.response))
         if self.memory is not None and ex.stop_reason == "completed":
             # In the background: the answer never waits for learning; close() settles it.
             self.memory.learn_later(state.user_id, interaction_of(state))
@@ -340,22 +367,34 @@ class Agent:
         )
 
     async def _settle(
-        self, state: State, runner: str, saving: asyncio.Future[None] | None = None
+        self,
+        state: State,
+        runner: str,
+        saving: asyncio.Future[None] | None = None,
+        *,
+        write: bool = True,
     ) -> None:
         """Complete the task on an answer or refusal; otherwise save it and let it go.
 
         ``saving`` is a save a cancellation interrupted: it finishes first, so nothing is
-        written twice.
+        written twice. ``write=False`` only lets the task go (releasing never waits on a lock).
         """
         if saving is not None:
             await asyncio.wait([saving])  # if it failed, the save below retries it
-        if state.execution.stop_reason in ("completed", "security"):
-            await state.complete_task()
-            return
         try:
-            await autosave(state)
-        finally:
+            if not write:
+                pass
+            elif state.execution.stop_reason in ("completed", "security"):
+                await state.complete_task()  # which lets the task go: nothing to release
+                return
+            else:
+                await autosave(state)
+        except LeaseLostError:
+            raise  # the task is another runner's now
+        except BaseException:
             await self.store.release_task(state.task_id, runner)
+            raise
+        await self.store.release_task(state.task_id, runner)
 
 
 class _EventStream:
@@ -364,9 +403,10 @@ class _EventStream:
     _DONE = object()
 
     def __init__(
-        self, work: Callable[[Callable[[Event], None]], Awaitable[AgentResult]]
+        self, work: Callable[[Callable[[Event], None]], Awaitable[AgentResult]], agent: Agent
     ) -> None:
         self._work = work
+        self._agent = agent
         self._iterator: AsyncIterator[Event] | None = None
         self.result: AgentResult | None = None
 
@@ -393,9 +433,17 @@ class _EventStream:
                 queue.put_nowait(self._DONE)
 
         task = asyncio.create_task(produce())
+        runs = self._agent._runs
+        runs.add(task)
+        task.add_done_callback(runs.discard)
         try:
             while (event := await queue.get()) is not self._DONE:
                 yield event
+            if task.cancelled() and self._agent._closed:
+                raise UsageError(
+                    "the agent was closed while this run was in flight: its task was saved and "
+                    "released; resume it with a new Agent"
+                )
             self.result = await task
         finally:
             if not task.done():
@@ -403,16 +451,11 @@ class _EventStream:
                 await asyncio.wait([task])
 
 
-def _recorded_results(
-    messages: Sequence[dict[str, Any]], task_id: str
-) -> dict[str, list[dict[str, Any]]]:
-    """Tool results ``task_id`` stored in earlier runs, by call (name and arguments).
-
-    Only a resumed task has any. Results older than the loaded history window are not seen.
-    """
+def _recorded_results(messages: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The tool results among a task's stored ``messages``, by call (name and arguments)."""
     recorded: dict[str, list[dict[str, Any]]] = {}
     for message in messages:
-        if message.get("role") != "tool" or message.get("task_id") != task_id:
+        if message.get("role") != "tool":
             continue
         try:
             result = json.loads(message["content"])

@@ -6,10 +6,12 @@
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
     │   └── TaskRunningError    the task is being run by another runner
+    │       └── LeaseLostError    this runner's hold on its task was taken over or released
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
     │   └── StoreUnavailableError  the database cannot be reached or is locked
+    │       └── StoreLockedError  a lock stayed held past the timeout
     ├── LLMError              the model call failed
     │   ├── AuthenticationError, RateLimitError, LLMTimeoutError,
     │   ├── ModelNotFoundError, RefusalError
@@ -48,6 +50,11 @@ class TaskRunningError(ConflictError):
     """The task is being run right now by another runner."""
 
 
+class LeaseLostError(TaskRunningError):
+    """This runner no longer holds its task (another runner took it over, or it was released
+    by force): the run stops and writes nothing more."""
+
+
 class StorageError(CogencyError):
     """The database failed, or holds something Cogency cannot use."""
 
@@ -62,6 +69,10 @@ class CorruptDataError(StorageError):
 
 class StoreUnavailableError(StorageError):
     """The database cannot be reached, or stayed locked past the timeout."""
+
+
+class StoreLockedError(StoreUnavailableError):
+    """Another writer held a lock past the timeout; nothing of this operation was written."""
 
 
 class LLMError(CogencyError):
@@ -116,6 +127,7 @@ __all__ = [
     "InvalidResponseError",
     "LLMError",
     "LLMTimeoutError",
+    "LeaseLostError",
     "ModelNotFoundError",
     "NotFoundError",
     "RateLimitError",
@@ -123,6 +135,7 @@ __all__ = [
     "SchemaTooNewError",
     "ScriptExhaustedError",
     "StorageError",
+    "StoreLockedError",
     "StoreUnavailableError",
     "TaskRunningError",
     "ToolArgumentError",

@@ -45,6 +45,11 @@ class State:
     version: int = 1
     """The workspace row version this state last saw; a stale one makes saves conflict."""
     completed: bool = False
+    epoch: int | None = None
+    """The lease epoch of the runner this state writes for: its saves are refused
+    (:class:`~cogency.errors.LeaseLostError`) once another runner holds the task."""
+    _save_id: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
+    """Kept until a save succeeds, so a retry after an unknown outcome is known as one."""
     _saved_workspace: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     _owns_store: bool = field(default=False, repr=False, compare=False)
 
@@ -105,6 +110,7 @@ class State:
             history_tokens,
         )
         state._saved_workspace = state.workspace.to_dict()
+        state.epoch = 1 if runner else None
         history = record.recent if record.recent is not None else first
         state.conversation = _conversation_from(record, history)
         state.execution.messages = list(history)
@@ -205,8 +211,11 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
         workspace=workspace if changed else None,
         profile=profile,
         complete=complete,
+        epoch=state.epoch,
+        save_id=state._save_id,
     )
     state.version = await state.store.save(batch)
+    state._save_id = uuid.uuid4().hex
     del state.conversation.unsaved[: len(pending)]
     state._saved_workspace = workspace
     state.conversation.last_updated = _time.now()
@@ -214,6 +223,7 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
 
 def _message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
     return {
+        "id": uuid.uuid4().hex,  # the database stores each id once: retried saves never double
         "role": role,
         "content": scrub_surrogates(content),  # a model's "\ud800" must not fail the save
         "task_id": state.task_id,

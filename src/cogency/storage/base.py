@@ -12,13 +12,20 @@ from typing import Any, Protocol, runtime_checkable
 
 from .. import _time
 from .._json import dumps, loads
-from ..errors import CorruptDataError, SchemaTooNewError, StorageError
+from ..errors import (
+    CorruptDataError,
+    LeaseLostError,
+    SchemaTooNewError,
+    StorageError,
+    TaskRunningError,
+)
 from ..memory.profile import Profile
 
 MIGRATION_NAMES = (
     "m001_initial",
     "m002_conversation_messages",
     "m003_task_workspace_columns",
+    "m004_run_leases",
     "m008_task_settings",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
@@ -36,6 +43,9 @@ class TaskRecord:
     version: int = 1
     runner: str | None = None
     updated_at: datetime | None = None
+    epoch: int = 0
+    """Bumped by every claim and force-release: the writes of a run carry the epoch its claim
+    returned, and are refused once the row has another (the run lost its hold)."""
     settings: dict[str, Any] = field(default_factory=dict)
     """What the task's starter stored to run it again (the CLI: its tools, root and model)."""
 
@@ -59,8 +69,13 @@ class ConversationRecord:
 class SaveBatch:
     """Everything one autosave writes, in one transaction.
 
-    ``messages`` are appended (each dict gets its ``seq``); ``workspace`` is written only when
-    given, and only if the row still has ``expected_version``; ``complete`` deletes the workspace.
+    ``messages`` are appended (each dict gets its ``seq``) unless a message with the same
+    ``id`` is already stored: a retry after an unknown outcome stores nothing twice.
+    ``workspace`` is written only when given, and only if the row still has
+    ``expected_version`` (or holds the version this same ``save_id`` wrote, when an earlier
+    attempt landed unseen); ``complete`` deletes the workspace. With ``epoch`` set, the whole
+    batch is refused (:class:`~cogency.errors.LeaseLostError`) unless the task row still has
+    that lease epoch.
     """
 
     user_id: str
@@ -71,6 +86,8 @@ class SaveBatch:
     workspace: dict[str, Any] | None = None
     profile: Profile | None = None
     complete: bool = False
+    epoch: int | None = None
+    save_id: str | None = None
 
 
 @runtime_checkable
@@ -109,11 +126,22 @@ class Store(Protocol):
         """Apply ``batch`` atomically; returns the workspace version now stored."""
         ...
 
-    async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
-        """Mark the task as run by ``runner``; ``TaskRunningError`` if a live runner holds it."""
+    async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
+        """Every message ``task_id`` stored, oldest first, whatever history window a run loads
+        (resume finds the task's recorded tool results here)."""
+        ...
+
+    async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
+        """Hold the task for ``runner`` and return its new lease epoch (fence writes with it);
+        ``TaskRunningError`` if a live runner holds it."""
         ...
 
     async def release_task(self, task_id: str, runner: str) -> None: ...
+
+    async def force_release(self, task_id: str, user_id: str) -> str | None:
+        """Take the task away from whichever runner holds it (one known to be dead): its
+        later writes are refused. Returns that runner, or ``None`` if none held it."""
+        ...
 
     async def load_profile(self, user_id: str) -> Profile | None: ...
 
@@ -168,6 +196,20 @@ def no_conversation(conversation_id: str, user_id: str) -> str:
     )
 
 
+def no_workspace(batch: SaveBatch) -> str:
+    return (
+        f"task {batch.task_id!r} of user {batch.user_id!r} has no workspace "
+        "(it completed or was deleted); start a new task"
+    )
+
+
+def conflict(batch: SaveBatch, version: int) -> str:
+    return (
+        f"task {batch.task_id!r} was saved by someone else (version {version}, this copy has "
+        f"{batch.expected_version}); continue_task again to get the current workspace"
+    )
+
+
 def conversation_record(row: Any) -> ConversationRecord:
     """A ``conversations`` row (id, user, data, message_count, updated_at) as a record."""
     conversation_id, user_id, data, count, updated = row
@@ -182,7 +224,7 @@ def conversation_record(row: Any) -> ConversationRecord:
 
 def task_record(row: Any, text: Callable[[str], str] = str) -> TaskRecord:
     """A ``task_workspaces`` row as a record; ``text`` reads the stored query."""
-    task_id, user_id, conversation_id, query, data, version, runner, updated, settings = row
+    task_id, user_id, conversation_id, query, data, version, runner, updated, epoch, settings = row
     return TaskRecord(
         task_id,
         user_id,
@@ -192,7 +234,25 @@ def task_record(row: Any, text: Callable[[str], str] = str) -> TaskRecord:
         version,
         runner,
         _time.parse(updated) if updated else None,
+        epoch,
         decode(settings or "{}", "task_workspaces", task_id, "settings"),
+    )
+
+
+def lease_lost(task_id: str) -> LeaseLostError:
+    return LeaseLostError(
+        f"this run no longer holds task {task_id!r}: another runner took it over (or it was "
+        "released by force), so it stopped and wrote nothing more; see `cogency tasks`"
+    )
+
+
+def task_running(task_id: str, until: datetime | None = None) -> TaskRunningError:
+    expiry = f" (its lease expires at {until.isoformat(timespec='seconds')} unless renewed)" \
+        if until else ""
+    return TaskRunningError(
+        f"task {task_id!r} is running in another process or agent{expiry}; wait for it to "
+        "stop, then resume it. If its runner is known to be dead: "
+        "`cogency tasks release TASK_ID --user USER`"
     )
 
 
@@ -221,8 +281,8 @@ def schema_problem(done: set[str], where: str) -> StorageError | None:
     if missing:
         return StorageError(
             f"the database {where} has an older schema (missing {', '.join(missing)}) and was "
-            "opened read-only, so it cannot be upgraded here: run one writing command on it "
-            "(e.g. `cogency run`) with write access, or open it with a writable store"
+            "opened read-only, so it cannot be upgraded here: open it once for writing (run a "
+            "task on it, or open a store on it without read_only), then read it again"
         )
     return None
 
@@ -281,7 +341,8 @@ def abandon_runner(runner: str) -> None:
 
 
 def runner_alive(runner: str) -> bool:
-    """Whether the process that wrote ``runner`` still runs (unknown hosts count as alive)."""
+    """Whether the process that wrote ``runner`` may still run it: false once it ended here or
+    its process on this host is gone; a runner of another host is judged by its lease."""
     if runner in _ABANDONED:
         return False
     try:

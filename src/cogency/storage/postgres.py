@@ -14,7 +14,7 @@ import hashlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .. import _time
@@ -25,8 +25,8 @@ from ..errors import (
     ConflictError,
     NotFoundError,
     StorageError,
+    StoreLockedError,
     StoreUnavailableError,
-    TaskRunningError,
     UsageError,
 )
 from ..memory.profile import Profile
@@ -35,13 +35,17 @@ from .base import (
     ConversationRecord,
     SaveBatch,
     TaskRecord,
+    conflict,
     conversation_record,
     decode,
     decode_profile,
+    lease_lost,
     legacy_messages,
     no_conversation,
+    no_workspace,
     schema_problem,
     task_record,
+    task_running,
     too_new,
 )
 
@@ -187,6 +191,27 @@ async def _m003_task_workspace_columns(db: asyncpg.Connection) -> None:
         )
 
 
+async def _m004_run_leases(db: asyncpg.Connection) -> None:
+    # Runs hold tasks by fenced leases; messages carry their writer's id.
+    await db.execute(
+        """
+        ALTER TABLE task_workspaces ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+            -- bumped by each claim and force-release; a run's writes must carry the current one
+            -- (the advisory lock of a run is keyed by the task and this epoch)
+        ALTER TABLE task_workspaces ADD COLUMN lease_until TIMESTAMPTZ;
+            -- unused here (the advisory lock dies with its session); kept for SQLite's leases
+        ALTER TABLE task_workspaces ADD COLUMN last_save TEXT;
+            -- the save that wrote this version: a retry of it finds that it landed
+        ALTER TABLE conversation_messages ADD COLUMN message_id TEXT;
+            -- the writer's id: a save retried after an unknown outcome stores it once
+        CREATE UNIQUE INDEX conversation_messages_by_id
+            ON conversation_messages(conversation_id, message_id);
+        CREATE INDEX conversation_messages_by_task ON conversation_messages(task_id);
+            -- resume finds a task's recorded results however long its conversation is
+        """
+    )
+
+
 async def _m008_task_settings(db: asyncpg.Connection) -> None:
     # What the task's starter needs to run it again as it was started (the CLI keeps its
     # tools, root and model here), so a resume does not silently run with other tools.
@@ -197,6 +222,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
+    ("m004_run_leases", _m004_run_leases),
     ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -306,8 +332,8 @@ class PostgresStore:
         self._opening: asyncio.Lock | None = None
         self._lease_db: asyncpg.Connection | None = None
         self._lease_lock: asyncio.Lock | None = None
-        self._leases: dict[str, str] = {}
-        """task_id -> runner of the tasks this store holds an advisory lock for."""
+        self._leases: dict[str, tuple[str, int]] = {}
+        """task_id -> (runner, epoch) of the tasks this store holds an advisory lock for."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -465,7 +491,7 @@ class PostgresStore:
         """A driver error as the package's own, saying what happened to the data."""
         asyncpg = _driver()
         if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
-            return StoreUnavailableError(
+            return StoreLockedError(
                 f"a row stayed locked past lock_timeout={self.lock_timeout:g}s while {operation} "
                 f"on {self._where()} ({exc}); another process holds it too long: retry. "
                 "Nothing was written."
@@ -564,53 +590,61 @@ class PostgresStore:
             self._lease_db = None
             self._leases.clear()
 
-    async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
+    async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
         await self._ready()
         assert self._lease_lock is not None
         async with self._lease_lock:  # also orders claims of one task within this store
             holder = self._leases.get(task_id)
-            if holder == runner:
-                return
-            got = None
+            if holder is not None and holder[0] == runner:
+                return holder[1]
+            row = None
             if holder is None:
                 db = await self._lease_connection()
                 try:
-                    # One round trip: lock only a task of this user (another user's running
-                    # task must look "not found", not "running"), and mark the runner.
-                    got = await db.fetchval(
-                        "WITH task AS (SELECT 1 FROM task_workspaces WHERE task_id = $2 "
-                        "AND user_id = $3), lease AS (SELECT pg_try_advisory_lock($1) AS got "
-                        "FROM task), mark AS (UPDATE task_workspaces SET runner = $4 "
-                        "WHERE task_id = $2 AND (SELECT got FROM lease) RETURNING 1) "
-                        "SELECT got FROM lease LEFT JOIN (SELECT count(*) FROM mark) m ON true",
+                    # One round trip. The holder of epoch E holds the lock (task, E): when it
+                    # is free (the holder's session died, or a force-release moved the epoch
+                    # on), take it, move to E + 1 (fencing out the old holder's writes) and
+                    # hold (task, E + 1) instead. Only a task of this user is locked (another
+                    # user's running task must look "not found", not "running").
+                    row = await db.fetchrow(
+                        "WITH task AS (SELECT epoch FROM task_workspaces WHERE task_id = $2 "
+                        "AND user_id = $3), lease AS (SELECT epoch, "
+                        "pg_try_advisory_lock($1, epoch) AS got FROM task), "
+                        "mark AS (UPDATE task_workspaces t SET runner = $4, epoch = lease.epoch + 1 "
+                        "FROM lease WHERE t.task_id = $2 AND lease.got AND t.epoch = lease.epoch "
+                        "RETURNING t.epoch) "
+                        "SELECT mark.epoch, CASE WHEN mark.epoch IS NOT NULL THEN "
+                        "pg_try_advisory_lock($1, mark.epoch) END AS held, CASE WHEN lease.got "
+                        "THEN pg_advisory_unlock($1, lease.epoch) END AS freed "
+                        "FROM lease LEFT JOIN mark ON true",
                         _lease_key(task_id), task_id, user_id, runner,
                     )
                 except Exception as exc:
                     raise self._error(exc, "claiming a task") from exc
-                if got is None:
+                if row is None:
                     raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-            if not got:
-                raise TaskRunningError(
-                    f"task {task_id!r} is running in another process or agent; "
-                    "wait for it to stop, then resume it"
-                )
-            self._leases[task_id] = runner
+            if row is None or row["epoch"] is None:
+                raise task_running(task_id)
+            self._leases[task_id] = (runner, row["epoch"])
+            return int(row["epoch"])
 
     async def release_task(self, task_id: str, runner: str) -> None:
         await self._ready()
         assert self._lease_lock is not None
         async with self._lease_lock:
-            held = self._leases.get(task_id) == runner
+            holder = self._leases.get(task_id)
+            held = holder is not None and holder[0] == runner
             if held:
                 del self._leases[task_id]
-            if not held or self._lease_db is None or self._lease_db.is_closed():
+            if holder is None or not held or self._lease_db is None or self._lease_db.is_closed():
                 # No lock of ours to drop (or its session is gone, and the lock with it):
                 # only clear the runner shown to people.
                 await self._use(
                     "releasing a task",
                     lambda db: db.execute(
-                        "UPDATE task_workspaces SET runner = NULL WHERE task_id = $1 "
-                        "AND runner = $2",
+                        "UPDATE task_workspaces SET runner = NULL WHERE task_id = (SELECT "
+                        "task_id FROM task_workspaces WHERE task_id = $1 AND runner = $2 "
+                        "FOR UPDATE SKIP LOCKED)",  # never waits: the column is only shown
                         task_id, runner,
                     ),
                     write=False, transaction=False,
@@ -618,13 +652,35 @@ class PostgresStore:
                 return
             try:
                 await self._lease_db.fetchval(
-                    "WITH mark AS (UPDATE task_workspaces SET runner = NULL WHERE task_id = $2 "
-                    "AND runner = $3 RETURNING 1) "
-                    "SELECT pg_advisory_unlock($1) FROM (SELECT count(*) FROM mark) m",
-                    _lease_key(task_id), task_id, runner,
+                    "WITH mark AS (UPDATE task_workspaces SET runner = NULL WHERE task_id = "
+                    "(SELECT task_id FROM task_workspaces WHERE task_id = $2 AND runner = $3 "
+                    "FOR UPDATE SKIP LOCKED) RETURNING 1) "
+                    "SELECT pg_advisory_unlock($1, $4) FROM (SELECT count(*) FROM mark) m",
+                    _lease_key(task_id), task_id, runner, holder[1],
                 )
             except Exception as exc:
                 raise self._error(exc, "releasing a task") from exc
+
+    async def force_release(self, task_id: str, user_id: str) -> str | None:
+        async def work(db: asyncpg.Connection) -> str | None:
+            row = await db.fetchrow(
+                "SELECT runner FROM task_workspaces WHERE task_id = $1 AND user_id = $2 "
+                "FOR UPDATE",
+                task_id, user_id,
+            )
+            if row is None:
+                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+            # The next epoch's lock is free: the next claim gets it, whatever session still
+            # holds this one.
+            await db.execute(
+                "UPDATE task_workspaces SET runner = NULL, epoch = epoch + 1 WHERE task_id = $1",
+                task_id,
+            )
+            return cast("str | None", row["runner"])
+
+        runner = await self._use("releasing a task by force", work)
+        await self._give_up(task_id)
+        return runner
 
     async def _give_up(self, task_id: str) -> None:
         """Drop this store's lease on ``task_id``, if it holds one."""
@@ -632,12 +688,15 @@ class PostgresStore:
             return
         assert self._lease_lock is not None
         async with self._lease_lock:
-            if self._leases.pop(task_id, None) is None:
+            holder = self._leases.pop(task_id, None)
+            if holder is None:
                 return
             if self._lease_db is None or self._lease_db.is_closed():
                 return  # the session is gone, and its locks with it
             try:
-                await self._lease_db.fetchval("SELECT pg_advisory_unlock($1)", _lease_key(task_id))
+                await self._lease_db.fetchval(
+                    "SELECT pg_advisory_unlock($1, $2)", _lease_key(task_id), holder[1]
+                )
             except Exception as exc:
                 raise self._error(exc, "releasing a task") from exc
 
@@ -686,11 +745,11 @@ class PostgresStore:
             try:
                 await db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-                    "workspace_data, version, runner, updated_at, settings) "
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    "workspace_data, version, runner, updated_at, epoch, settings) "
+                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                     task.task_id, task.user_id, task.conversation_id, _put_text(task.query),
                     dumps(task.workspace), task.version, task.runner, stamp,
-                    dumps(task.settings),
+                    1 if task.runner else 0, dumps(task.settings),
                 )
             except driver.exceptions.UniqueViolationError as exc:
                 raise ConflictError(
@@ -699,18 +758,41 @@ class PostgresStore:
             if messages:
                 batch = SaveBatch(task.user_id, task.task_id, task.conversation_id,
                                   task.version, list(messages))
-                await _append(db, batch, stamp)
+                await _append(db, batch, stamp, None)  # the task row is written just above
                 conversation.message_count += len(messages)
             return conversation
 
         conversation = await self._use("starting a task", work)
         if task.runner is not None:  # the runner column is set; take the lease lock too
-            await self.claim_task(task.task_id, task.user_id, task.runner)
+            await self._hold_new(task.task_id, task.runner)
         if history_tokens is not None:
             conversation.recent = await self.load_messages(
                 task.conversation_id, task.user_id, token_budget=history_tokens
             )
         return conversation
+
+    async def _hold_new(self, task_id: str, runner: str) -> None:
+        """Take the lock of epoch 1 of a task this store just created for ``runner``."""
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            db = await self._lease_connection()
+            try:
+                await db.fetchval("SELECT pg_try_advisory_lock($1, 1)", _lease_key(task_id))
+            except Exception as exc:
+                raise self._error(exc, "claiming a task") from exc
+            self._leases[task_id] = (runner, 1)
+
+    async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
+        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+            rows = await db.fetch(
+                "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at, m.message_id "
+                "FROM conversation_messages m JOIN conversations c USING (conversation_id) "
+                "WHERE m.task_id = $1 AND c.user_id = $2 ORDER BY m.seq",
+                task_id, user_id,
+            )
+            return [_message(row) for row in rows]
+
+        return await self._read("loading a task's messages", work)
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
         async def work(db: asyncpg.Connection) -> TaskRecord:
@@ -741,26 +823,35 @@ class PostgresStore:
         async def work(db: asyncpg.Connection) -> int:
             stamp = _time.now()
             version = batch.expected_version
-            # The version check and the write are one statement: a second writer of this task
-            # waits for the first one's row lock, then finds the version moved on.
+            fenced = batch.epoch is None
+            # The fence, the version check and the write are one statement: a second writer
+            # of this task waits for the first one's row lock, then finds the row moved on.
             if batch.complete:
-                if await db.fetchval(
+                while await db.fetchval(
                     "DELETE FROM task_workspaces WHERE task_id = $1 AND user_id = $2 "
-                    "AND version = $3 RETURNING 1",
-                    batch.task_id, batch.user_id, version,
+                    "AND version = $3 AND ($4::int IS NULL OR epoch = $4) RETURNING 1",
+                    batch.task_id, batch.user_id, version, batch.epoch,
                 ) is None:
-                    raise await _version_problem(db, batch)
+                    landed = await _save_problem(db, batch)
+                    if landed is None:
+                        return version  # an earlier attempt of this completion landed
+                    version = landed
+                fenced = True
             elif batch.workspace is not None:
-                version = await db.fetchval(
+                while (written := await db.fetchval(
                     "UPDATE task_workspaces SET workspace_data = $1, version = version + 1, "
-                    "updated_at = $2 WHERE task_id = $3 AND user_id = $4 AND version = $5 "
-                    "RETURNING version",
+                    "updated_at = $2, last_save = $6 WHERE task_id = $3 AND user_id = $4 "
+                    "AND version = $5 AND ($7::int IS NULL OR epoch = $7) RETURNING version",
                     dumps(batch.workspace), stamp, batch.task_id, batch.user_id, version,
-                )
-                if version is None:
-                    raise await _version_problem(db, batch)
-            if batch.messages:
-                await _append(db, batch, stamp)
+                    batch.save_id, batch.epoch,
+                )) is None:
+                    landed = await _save_problem(db, batch)
+                    if landed is None:
+                        return version
+                    version = landed
+                version, fenced = written, True
+            if batch.messages or not fenced:
+                await _append(db, batch, stamp, None if fenced else batch.epoch)
             if batch.profile is not None:
                 await _put_profile(db, batch.profile, stamp)
             return int(version)
@@ -819,18 +910,15 @@ class PostgresStore:
                 rows = await db.fetch(_PAGE, conversation_id, user_id, below, page)
                 if not rows:
                     raise NotFoundError(no_conversation(conversation_id, user_id))
-                for seq, role, content, task_id, tokens, created in rows:
-                    if seq is None:
+                for row in rows:
+                    if row[0] is None:
                         return picked[::-1]  # the conversation has no more messages
                     if limit is not None and len(picked) >= limit:
                         return picked[::-1]
-                    if token_budget is not None and used + tokens > token_budget:
+                    if token_budget is not None and used + row[4] > token_budget:
                         return picked[::-1]
-                    used += tokens
-                    picked.append(
-                        {"role": role, "content": _get_text(content), "seq": seq,
-                         "task_id": task_id, "tokens": tokens, "created_at": created}
-                    )
+                    used += row[4]
+                    picked.append(_message(row))
                 if len(rows) < page:
                     return picked[::-1]
                 below = picked[-1]["seq"]
@@ -892,7 +980,7 @@ class PostgresStore:
 
 _TASK_COLUMNS = (
     "SELECT task_id, user_id, conversation_id, query, workspace_data::text, version, runner, "
-    "updated_at, settings FROM task_workspaces"
+    "updated_at, epoch, settings FROM task_workspaces"
 )
 _CONVERSATION_COLUMNS = (
     "SELECT conversation_id, user_id, conversation_data::text, message_count, updated_at "
@@ -903,8 +991,9 @@ _CONVERSATION_COLUMNS = (
 _PAGE = (
     # The conversation's row (so a missing or foreign one is told apart from an empty one)
     # and up to $4 of its messages below seq $3, newest first.
-    "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at FROM conversations c "
-    "LEFT JOIN LATERAL (SELECT seq, role, content, task_id, tokens, created_at "
+    "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at, m.message_id "
+    "FROM conversations c LEFT JOIN LATERAL (SELECT seq, role, content, task_id, tokens, "
+    "created_at, message_id "
     "FROM conversation_messages WHERE conversation_id = c.conversation_id "
     "AND ($3::int IS NULL OR seq < $3::int) ORDER BY seq DESC LIMIT $4) m ON true "
     "WHERE c.conversation_id = $1 AND c.user_id = $2 ORDER BY m.seq DESC"
@@ -926,47 +1015,89 @@ async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime
     )
 
 
-async def _version_problem(db: asyncpg.Connection, batch: SaveBatch) -> CogencyError:
-    """Why a versioned write matched no row: the task is gone, or someone saved first."""
-    version = await db.fetchval(
-        "SELECT version FROM task_workspaces WHERE task_id = $1 AND user_id = $2",
+async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
+    """Why a fenced, versioned write matched no row: raises what went wrong (the run lost its
+    lease, the task is gone, someone saved first); or, when an earlier attempt of this same
+    save landed unseen, returns the version to write over (``None``: a completion landed)."""
+    row = await db.fetchrow(
+        "SELECT version, epoch, last_save FROM task_workspaces WHERE task_id = $1 "
+        "AND user_id = $2",
         batch.task_id, batch.user_id,
     )
-    if version is None:
-        return NotFoundError(
-            f"task {batch.task_id!r} of user {batch.user_id!r} has no workspace "
-            "(it completed or was deleted); start a new task"
-        )
-    return ConflictError(
-        f"task {batch.task_id!r} was saved by someone else (version {version}, this copy has "
-        f"{batch.expected_version}); continue_task again to get the current workspace"
-    )
+    if row is None:
+        if batch.complete and batch.messages:
+            ids = [m.get("id") for m in batch.messages]
+            stored = await db.fetchval(
+                "SELECT count(*) FROM conversation_messages WHERE conversation_id = $1 "
+                "AND message_id = ANY($2::text[])",
+                batch.conversation_id, ids,
+            )
+            if stored == len(batch.messages):
+                return None
+        if batch.epoch is not None:
+            raise lease_lost(batch.task_id)
+        raise NotFoundError(no_workspace(batch))
+    version, epoch, last_save = row
+    if batch.epoch is not None and epoch != batch.epoch:
+        raise lease_lost(batch.task_id)
+    if batch.save_id and last_save == batch.save_id and version == batch.expected_version + 1:
+        return int(version)  # this save's earlier attempt landed: write it again
+    raise ConflictError(conflict(batch, version))
 
 
-async def _append(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> None:
-    count = len(batch.messages)
-    # Bumping the counter takes the seq range and locks the conversation row until commit:
-    # concurrent appenders queue there, so seqs have no gaps and no duplicates.
-    seqs = await db.fetch(
-        "WITH counter AS (UPDATE conversations SET message_count = message_count + $2, "
-        "updated_at = $3 WHERE conversation_id = $1 AND user_id = $4 RETURNING message_count) "
-        "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
-        "tokens, created_at) SELECT $1, counter.message_count - $2 + m.ord, m.role, m.content, "
-        "m.task_id, m.tokens, m.created_at FROM counter, unnest($5::text[], $6::text[], "
-        "$7::text[], $8::int[], $9::text[]) WITH ORDINALITY "
-        "AS m(role, content, task_id, tokens, created_at, ord) RETURNING seq",
-        batch.conversation_id, count, stamp, batch.user_id,
+async def _append(
+    db: asyncpg.Connection, batch: SaveBatch, stamp: datetime, epoch: int | None
+) -> None:
+    """Append the batch's messages not stored yet (by id), fenced to ``epoch`` when given.
+
+    One statement: bumping the counter takes the seq range and locks the conversation row
+    until commit, so concurrent appenders queue there (no gaps, no duplicates); the fence's
+    share lock makes a claim of the task wait for this commit.
+    """
+    rows = await db.fetch(
+        "WITH m AS (SELECT * FROM unnest($4::text[], $5::text[], $6::text[], $7::int[], "
+        "$8::text[], $9::text[]) WITH ORDINALITY "
+        "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
+        "old AS (SELECT x.message_id, x.seq FROM m JOIN conversation_messages x "
+        "ON x.conversation_id = $1 AND x.message_id = m.message_id), "
+        "fresh AS (SELECT m.*, row_number() OVER (ORDER BY ord) AS n FROM m "
+        "WHERE m.message_id IS NULL OR m.message_id NOT IN (SELECT message_id FROM old)), "
+        "fence AS (SELECT 1 FROM task_workspaces WHERE task_id = $10 AND epoch = $11 "
+        "FOR SHARE), "
+        "counter AS (UPDATE conversations SET message_count = message_count + "
+        "(SELECT count(*) FROM fresh), updated_at = $2 WHERE conversation_id = $1 "
+        "AND user_id = $3 AND ($11::int IS NULL OR EXISTS (SELECT 1 FROM fence)) "
+        "RETURNING message_count - (SELECT count(*) FROM fresh) AS base), "
+        "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, "
+        "task_id, tokens, created_at, message_id) SELECT $1, counter.base + fresh.n, "
+        "fresh.role, fresh.content, fresh.task_id, fresh.tokens, fresh.created_at, "
+        "fresh.message_id FROM counter, fresh RETURNING seq) "
+        "SELECT 0 AS kind, NULL AS message_id, base AS seq FROM counter "
+        "UNION ALL SELECT 1, message_id, seq FROM old",
+        batch.conversation_id, stamp, batch.user_id,
         [m["role"] for m in batch.messages],
         [_put_text(m["content"]) for m in batch.messages],
         [m.get("task_id") for m in batch.messages],
         [m.get("tokens", 0) for m in batch.messages],
         [m.get("created_at") or stamp.isoformat() for m in batch.messages],
+        [m.get("id") for m in batch.messages],
+        batch.task_id, epoch,
     )
-    if not seqs:
+    base = next((row["seq"] for row in rows if row["kind"] == 0), None)
+    if base is None:
+        if epoch is not None and await db.fetchval(
+            "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND epoch = $2",
+            batch.task_id, epoch,
+        ) is None:
+            raise lease_lost(batch.task_id)
         raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
-    first = min(row[0] for row in seqs)
-    for offset, message in enumerate(batch.messages):
-        message["seq"] = first + offset
+    stored = {row["message_id"]: row["seq"] for row in rows if row["kind"] == 1}
+    for message in batch.messages:
+        if message.get("id") in stored:
+            message["seq"] = stored[message["id"]]
+        else:
+            base += 1
+            message["seq"] = base
 
 
 # PostgreSQL text cannot hold NUL, which SQLite stores (a model may emit "\u0000"). Text with
@@ -989,9 +1120,18 @@ def _get_text(text: str) -> str:
 
 
 def _lease_key(task_id: str) -> int:
-    """A signed 64-bit advisory-lock key for ``task_id`` (collisions: ~1 in 2**64)."""
-    digest = hashlib.blake2b(b"cogency.task\0" + task_id.encode(), digest_size=8).digest()
+    """The first half (signed 32 bits) of the advisory-lock key ``(task, epoch)`` of a task.
+
+    Two tasks share it ~1 in 2**32; they then collide only while their epochs are equal, and
+    a collision only refuses a claim (``TaskRunningError``), never grants one."""
+    digest = hashlib.blake2b(b"cogency.task\0" + task_id.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def _message(row: Any) -> dict[str, Any]:
+    seq, role, content, task_id, tokens, created, message_id = row
+    return {"role": role, "content": _get_text(content), "seq": seq, "task_id": task_id,
+            "tokens": tokens, "created_at": created, "id": message_id}
 
 
 def redact(dsn: str) -> str:

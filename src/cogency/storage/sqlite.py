@@ -8,7 +8,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar, cast
 
 from .. import _time
 from .._json import dumps
@@ -16,8 +17,7 @@ from ..errors import (
     ConflictError,
     NotFoundError,
     StorageError,
-    StoreUnavailableError,
-    TaskRunningError,
+    StoreLockedError,
     UsageError,
 )
 from ..memory.profile import Profile
@@ -27,20 +27,26 @@ from .base import (
     SaveBatch,
     TaskRecord,
     abandon_runner,
+    conflict,
     conversation_record,
     decode,
     decode_profile,
+    lease_lost,
     legacy_messages,
     no_conversation,
+    no_workspace,
     runner_alive,
     schema_problem,
     task_record,
+    task_running,
     too_new,
 )
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
+LEASE_SECONDS = 30.0
+"""How long a runner's hold on a task lasts unless renewed (the store renews it every third)."""
 
 
 def _m001_initial(db: sqlite3.Connection) -> None:
@@ -153,6 +159,26 @@ def _m003_task_workspace_columns(db: sqlite3.Connection) -> None:
         )
 
 
+def _m004_run_leases(db: sqlite3.Connection) -> None:
+    # Runs hold tasks by expiring, fenced leases; messages carry their writer's id.
+    _script(db, 
+        """
+        ALTER TABLE task_workspaces ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+            -- bumped by each claim and force-release; a run's writes must carry the current one
+        ALTER TABLE task_workspaces ADD COLUMN lease_until TEXT;
+            -- when the runner's lease lapses unless renewed (ISO 8601 UTC); then others may claim
+        ALTER TABLE task_workspaces ADD COLUMN last_save TEXT;
+            -- the save that wrote this version: a retry of it finds that it landed
+        ALTER TABLE conversation_messages ADD COLUMN message_id TEXT;
+            -- the writer's id: a save retried after an unknown outcome stores it once
+        CREATE UNIQUE INDEX conversation_messages_by_id
+            ON conversation_messages(conversation_id, message_id);
+        CREATE INDEX conversation_messages_by_task ON conversation_messages(task_id);
+            -- resume finds a task's recorded results however long its conversation is
+        """
+    )
+
+
 def _m008_task_settings(db: sqlite3.Connection) -> None:
     # What the task's starter needs to run it again as it was started (the CLI keeps its
     # tools, root and model here), so a resume does not silently run with other tools.
@@ -173,6 +199,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
+    ("m004_run_leases", _m004_run_leases),
     ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -230,6 +257,10 @@ class SQLiteStore:
     The file and its directory are created on first use; ``":memory:"`` keeps everything in
     memory. Calls run on one worker thread so the event loop never blocks on disk.
 
+    A running task is held by a lease of ``lease`` seconds that this store renews while the
+    run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
+    holds nothing, and ``force_release`` takes a task from one known to be dead.
+
     ``read_only=True`` never creates, migrates or writes anything: a missing file is a
     :class:`~cogency.errors.NotFoundError`, a file with an older schema a
     :class:`~cogency.errors.StorageError` saying to open it once for writing, and writes raise
@@ -241,11 +272,18 @@ class SQLiteStore:
         path: str | Path,
         *,
         busy_timeout: float = BUSY_TIMEOUT_MS / 1000,
+        lease: float = LEASE_SECONDS,
         read_only: bool = False,
     ) -> None:
+        if lease <= 0:
+            raise UsageError("lease must be a positive number of seconds")
         self.path = str(path)
         self.read_only = read_only
         self._busy_timeout_ms = int(busy_timeout * 1000)
+        self.lease = lease
+        self._held: dict[str, tuple[str, int]] = {}
+        """task_id -> (runner, epoch) of the leases this store renews."""
+        self._heartbeat: asyncio.Task[None] | None = None
         self._db: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
@@ -353,12 +391,23 @@ class SQLiteStore:
                 "bytes with errors='replace') and integers must fit in 64 bits"
             ) from exc
 
-    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+    def _write(
+        self, fn: Callable[[sqlite3.Connection], T], *, wait: bool = True
+    ) -> Callable[[sqlite3.Connection], T]:
+        """``fn`` in one write transaction; ``wait=False`` fails at once on a held lock
+        instead of waiting up to the busy timeout (for what can be skipped or done later)."""
         if self.read_only:
             raise UsageError(f"the database {self.path!r} was opened read-only; nothing was written")
 
         def transaction(db: sqlite3.Connection) -> T:
-            db.execute("BEGIN IMMEDIATE")
+            if not wait:
+                db.execute("PRAGMA busy_timeout = 0")
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                finally:
+                    db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            else:
+                db.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(db)
             except BaseException:
@@ -373,6 +422,10 @@ class SQLiteStore:
     async def close(self) -> None:
         """Close the connection; the file stays. Safe to call twice."""
         self._closed = True
+        self._held.clear()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
         if self._executor is not None:
             await self._run_close()
 
@@ -416,10 +469,11 @@ class SQLiteStore:
             try:
                 db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-                    "workspace_data, version, runner, updated_at, settings) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "workspace_data, version, runner, updated_at, epoch, lease_until, settings) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (task.task_id, task.user_id, task.conversation_id, task.query,
                      dumps(task.workspace), task.version, task.runner, stamp,
+                     1 if task.runner else 0, self._lease_end() if task.runner else None,
                      dumps(task.settings)),
                 )
             except sqlite3.IntegrityError as exc:
@@ -435,12 +489,15 @@ class SQLiteStore:
                 conversation.recent = self._windows.load(db, conversation, history_tokens)
             return conversation
 
-        return await self._run(self._write(work))
+        conversation = await self._run(self._write(work))
+        if task.runner:
+            self._hold(task.task_id, task.runner, 1)
+        return conversation
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
         def work(db: sqlite3.Connection) -> TaskRecord:
             row = db.execute(
-                _SELECT_TASKS + " WHERE task_id = ? AND user_id = ?",
+                _TASK_COLUMNS + " WHERE task_id = ? AND user_id = ?",
                 (task_id, user_id),
             ).fetchone()
             if row is None:
@@ -454,7 +511,7 @@ class SQLiteStore:
 
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
         def work(db: sqlite3.Connection) -> list[TaskRecord]:
-            sql = _SELECT_TASKS
+            sql = _TASK_COLUMNS
             rows = (
                 db.execute(sql + " WHERE user_id = ? ORDER BY updated_at", (user_id,))
                 if user_id is not None
@@ -464,43 +521,125 @@ class SQLiteStore:
 
         return await self._run(work)
 
-    async def claim_task(self, task_id: str, user_id: str, runner: str) -> None:
-        def work(db: sqlite3.Connection) -> None:
+    async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
+        def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows = db.execute(
+                "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at, m.message_id "
+                "FROM conversation_messages m JOIN conversations c USING (conversation_id) "
+                "WHERE m.task_id = ? AND c.user_id = ? ORDER BY m.seq",
+                (task_id, user_id),
+            )
+            return [_message(row) for row in rows]
+
+        return await self._run(work)
+
+    async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
+        def work(db: sqlite3.Connection) -> int:
             row = db.execute(
-                "SELECT runner FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+                "SELECT runner, epoch, lease_until FROM task_workspaces "
+                "WHERE task_id = ? AND user_id = ?",
                 (task_id, user_id),
             ).fetchone()
             if row is None:
                 raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-            if row[0] and row[0] != runner and runner_alive(row[0]):
-                raise TaskRunningError(
-                    f"task {task_id!r} is running in another process or agent; "
-                    "wait for it to stop, then resume it"
-                )
-            db.execute("UPDATE task_workspaces SET runner = ? WHERE task_id = ?", (runner, task_id))
+            holder, epoch, until = row
+            if holder == runner:
+                return int(epoch)
+            if holder and until and runner_alive(holder):
+                expires = _time.parse(until)
+                if expires > _time.now():
+                    raise task_running(task_id, expires)
+            db.execute(
+                "UPDATE task_workspaces SET runner = ?, epoch = ?, lease_until = ? "
+                "WHERE task_id = ?",
+                (runner, epoch + 1, self._lease_end(), task_id),
+            )
+            return int(epoch) + 1
 
-        await self._run(self._write(work))
+        epoch = await self._run(self._write(work))
+        self._hold(task_id, runner, epoch)
+        return epoch
 
     async def release_task(self, task_id: str, runner: str) -> None:
+        if self._held.get(task_id, (None,))[0] == runner:
+            del self._held[task_id]
         try:
             await self._run(
                 self._write(
                     lambda db: db.execute(
-                        "UPDATE task_workspaces SET runner = NULL WHERE task_id = ? AND runner = ?",
+                        "UPDATE task_workspaces SET runner = NULL, lease_until = NULL "
+                        "WHERE task_id = ? AND runner = ?",
                         (task_id, runner),
-                    )
+                    ),
+                    wait=False,  # a run never waits to let go: its claim is void here anyway
                 )
             )
         except BaseException:
             abandon_runner(runner)  # the run is over even if its row still names it
             raise
 
+    async def force_release(self, task_id: str, user_id: str) -> str | None:
+        def work(db: sqlite3.Connection) -> str | None:
+            row = db.execute(
+                "SELECT runner FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+                (task_id, user_id),
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+            db.execute(
+                "UPDATE task_workspaces SET runner = NULL, lease_until = NULL, epoch = epoch + 1 "
+                "WHERE task_id = ?",
+                (task_id,),
+            )
+            return cast("str | None", row[0])
+
+        self._held.pop(task_id, None)
+        return await self._run(self._write(work))
+
+    def _lease_end(self) -> str:
+        return (_time.now() + timedelta(seconds=self.lease)).isoformat()
+
+    def _hold(self, task_id: str, runner: str, epoch: int) -> None:
+        """Renew this lease in the background until it is released or lost."""
+        self._held[task_id] = (runner, epoch)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    async def _renew_leases(self) -> None:
+        while self._held:
+            await asyncio.sleep(self.lease / 3)
+            held = {task: hold for task, hold in self._held.items()
+                    if runner_alive(hold[0])}  # a run that ended unreleased renews no more
+
+            def work(db: sqlite3.Connection) -> list[str]:
+                until = self._lease_end()
+                return [
+                    task for task, (runner, epoch) in held.items()
+                    if db.execute(
+                        "UPDATE task_workspaces SET lease_until = ? WHERE task_id = ? "
+                        "AND runner = ? AND epoch = ?",
+                        (until, task, runner, epoch),
+                    ).rowcount == 0
+                ]
+
+            try:
+                lost = await self._run(self._write(work, wait=False)) if held else []
+            except (StorageError, UsageError):
+                # Nobody waits on a renewal: a busy or closed database lets the lease lapse,
+                # and the run's next write (fenced by its epoch) reports what happened.
+                continue
+            for task in (set(self._held) - set(held)) | set(lost):
+                self._held.pop(task, None)
+
     async def save(self, batch: SaveBatch) -> int:
         def work(db: sqlite3.Connection) -> int:
             stamp = _time.now().isoformat()
             version = batch.expected_version
-            if batch.workspace is not None or batch.complete:
-                version = _check_version(db, batch)
+            if batch.workspace is not None or batch.complete or batch.epoch is not None:
+                checked = _check_task(db, batch)
+                if checked is None:
+                    return version  # an earlier attempt of this completion landed
+                version = checked
             if batch.messages:
                 _append(db, batch, stamp)
             if batch.profile is not None:
@@ -510,9 +649,9 @@ class SQLiteStore:
             elif batch.workspace is not None:
                 version += 1
                 db.execute(
-                    "UPDATE task_workspaces SET workspace_data = ?, version = ?, updated_at = ? "
-                    "WHERE task_id = ?",
-                    (dumps(batch.workspace), version, stamp, batch.task_id),
+                    "UPDATE task_workspaces SET workspace_data = ?, version = ?, updated_at = ?, "
+                    "last_save = ? WHERE task_id = ?",
+                    (dumps(batch.workspace), version, stamp, batch.save_id, batch.task_id),
                 )
             return version
 
@@ -641,26 +780,51 @@ def _find_conversation(
     return conversation_record(row)
 
 
-def _check_version(db: sqlite3.Connection, batch: SaveBatch) -> int:
+def _check_task(db: sqlite3.Connection, batch: SaveBatch) -> int | None:
+    """The version to write over, after the fence and version checks; ``None`` when the row is
+    gone because an earlier attempt of this completing save landed."""
     row = db.execute(
-        "SELECT version FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+        "SELECT version, epoch, last_save FROM task_workspaces WHERE task_id = ? AND user_id = ?",
         (batch.task_id, batch.user_id),
     ).fetchone()
     if row is None:
-        raise NotFoundError(
-            f"task {batch.task_id!r} of user {batch.user_id!r} has no workspace "
-            "(it completed or was deleted); start a new task"
-        )
-    if row[0] != batch.expected_version:
-        raise ConflictError(
-            f"task {batch.task_id!r} was saved by someone else (version {row[0]}, this copy has "
-            f"{batch.expected_version}); continue_task again to get the current workspace"
-        )
-    return int(row[0])
+        if batch.complete and batch.messages and len(_stored(db, batch)) == len(batch.messages):
+            return None
+        if batch.epoch is not None:
+            raise lease_lost(batch.task_id)
+        raise NotFoundError(no_workspace(batch))
+    version, epoch, last_save = row
+    if batch.epoch is not None and epoch != batch.epoch:
+        raise lease_lost(batch.task_id)
+    if batch.workspace is None and not batch.complete or version == batch.expected_version:
+        return int(version)
+    if batch.save_id and last_save == batch.save_id and version == batch.expected_version + 1:
+        return batch.expected_version  # this save's earlier attempt landed: write it again
+    raise ConflictError(conflict(batch, version))
+
+
+def _stored(db: sqlite3.Connection, batch: SaveBatch) -> dict[str, int]:
+    """message id -> seq of the batch's messages already stored (by an earlier attempt)."""
+    ids = [m["id"] for m in batch.messages if m.get("id")]
+    if not ids:
+        return {}
+    rows = db.execute(
+        "SELECT message_id, seq FROM conversation_messages WHERE conversation_id = ? "
+        f"AND message_id IN ({', '.join('?' * len(ids))})",
+        (batch.conversation_id, *ids),
+    )
+    return dict(rows.fetchall())
 
 
 def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
-    count = len(batch.messages)
+    stored = _stored(db, batch)
+    fresh = [m for m in batch.messages if m.get("id") not in stored]
+    for message in batch.messages:
+        if message.get("id") in stored:
+            message["seq"] = stored[message["id"]]
+    if not fresh:
+        return
+    count = len(fresh)
     # Bumping the counter takes the seq range; BEGIN IMMEDIATE serializes writers.
     row = db.execute(
         "UPDATE conversations SET message_count = message_count + ?, updated_at = ? "
@@ -670,33 +834,33 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
     if row is None:
         raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
     first = row[0] - count + 1
-    for offset, message in enumerate(batch.messages):
+    for offset, message in enumerate(fresh):
         message["seq"] = first + offset
     db.executemany(
         "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, tokens, "
-        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "created_at, message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (batch.conversation_id, m["seq"], m["role"], m["content"], m.get("task_id"),
-             m.get("tokens", 0), m.get("created_at") or stamp)
-            for m in batch.messages
+             m.get("tokens", 0), m.get("created_at") or stamp, m.get("id"))
+            for m in fresh
         ],
     )
 
 
-_SELECT_TASKS = (
+_TASK_COLUMNS = (
     "SELECT task_id, user_id, conversation_id, query, workspace_data, version, runner, "
-    "updated_at, settings FROM task_workspaces"
+    "updated_at, epoch, settings FROM task_workspaces"
 )
 _SELECT_MESSAGES = (
-    "SELECT seq, role, content, task_id, tokens, created_at FROM conversation_messages "
-    "WHERE conversation_id = ?"
+    "SELECT seq, role, content, task_id, tokens, created_at, message_id "
+    "FROM conversation_messages WHERE conversation_id = ?"
 )
 
 
 def _message(row: tuple[Any, ...]) -> dict[str, Any]:
-    seq, role, content, task_id, tokens, created = row
+    seq, role, content, task_id, tokens, created, message_id = row
     return {"role": role, "content": content, "seq": seq, "task_id": task_id, "tokens": tokens,
-            "created_at": created}
+            "created_at": created, "id": message_id}
 
 
 def _window(
@@ -793,7 +957,7 @@ class _Windows:
 def _storage_error(exc: sqlite3.Error, path: str) -> StorageError:
     text = str(exc)
     if "locked" in text or "busy" in text:
-        return StoreUnavailableError(
+        return StoreLockedError(
             f"the database {path!r} stayed locked ({text}); another process holds a write lock "
             "too long: retry, or raise busy_timeout"
         )

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import enum
+import functools
 import inspect
 import json
 import re
+import threading
 import types
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin, overload
 
-from .._redact import redact
+from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
 
 DEFAULT_TIMEOUT = 30.0
 MAX_OUTPUT_CHARS = 20_000
 """Tool output kept in the conversation; longer output is cut and marked."""
+MAX_TOOL_THREADS = 8
+"""Calls of one synchronous tool that run at once; more wait (within their time limit)."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 
@@ -27,9 +33,14 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 class Tool:
     """A callable the model can use: a name, a description, a JSON schema for its arguments.
 
-    ``func`` may be sync (run in a thread) or async. Arguments are checked against
-    ``parameters`` before the call; a call that raises or exceeds ``timeout`` seconds becomes
-    an error result the model sees.
+    ``func`` may be sync or async. Arguments are checked against ``parameters`` before the
+    call; a call that raises or exceeds ``timeout`` seconds becomes an error result the model
+    sees. A sync ``func`` runs in a thread of this tool's own (at most
+    :data:`MAX_TOOL_THREADS`), never in the event loop's shared pool: a call that hangs keeps
+    its thread, but never starves other tools or the loop.
+
+    ``hide``, when set, is called by the :class:`~cogency.Agent` with the paths of its store's
+    files, which the tool must keep out of reach (the shell sandbox hides them).
     """
 
     name: str
@@ -37,6 +48,11 @@ class Tool:
     parameters: dict[str, Any]
     func: Callable[..., Any]
     timeout: float = DEFAULT_TIMEOUT
+    hide: Callable[[Sequence[str]], None] | None = field(default=None, repr=False)
+    _threads: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(MAX_TOOL_THREADS),
+        init=False, repr=False, compare=False,
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -62,10 +78,38 @@ class Tool:
     async def __call__(self, **args: Any) -> Any:
         if inspect.iscoroutinefunction(self.func):
             return await self.func(**args)
-        result = await asyncio.to_thread(self.func, **args)
+        result = await self._in_thread(functools.partial(self.func, **args))
         if inspect.isawaitable(result):
             return await result
         return result
+
+    async def _in_thread(self, call: Callable[[], Any]) -> Any:
+        # A daemon thread per call, at most MAX_TOOL_THREADS per tool: a hung call holds only
+        # its own slot, and (unlike a pool's worker) never blocks the interpreter's exit.
+        while not self._threads.acquire(blocking=False):
+            await asyncio.sleep(0.01)  # cancelled by the time limit like any other wait
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def work() -> None:
+            try:
+                outcome: tuple[bool, Any] = (True, context.run(call))
+            except BaseException as exc:  # handed to the awaiting coroutine
+                outcome = (False, exc)
+            finally:
+                self._threads.release()
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_resolve, future, outcome)
+
+        threading.Thread(target=work, name=f"cogency-tool-{self.name}", daemon=True).start()
+        return await future
+
+    def _saturated(self) -> bool:
+        if self._threads.acquire(blocking=False):
+            self._threads.release()
+            return False
+        return True
 
     def signature(self) -> str:
         """One line for the prompt: ``name(arg: type, ...): description``."""
@@ -128,16 +172,24 @@ async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[
     try:
         value = await asyncio.wait_for(tool_(**args), timeout=tool_.timeout)
     except asyncio.TimeoutError:
+        busy = (
+            f" ({MAX_TOOL_THREADS} earlier calls of it are still running)"
+            if tool_._saturated() else ""
+        )
         return {
             "name": name, "args": args, "ok": False,
-            "error": f"timed out after {tool_.timeout:g}s",
+            "error": f"timed out after {tool_.timeout:g}s{busy}",
         }
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the model sees the failure as the call's result
-        error = redact(f"{type(exc).__name__}: {exc}")  # before it is stored or shown
+        error = _cut(f"{type(exc).__name__}: {exc}")  # redacted before it is stored or shown
         return {"name": name, "args": args, "ok": False, "error": error}
-    return {"name": name, "args": args, "ok": True, "output": _render(value)}
+    if isinstance(value, str) and len(value) < _RENDER_ON_LOOP:
+        output = _render(value)
+    else:  # off the event loop: redaction scans up to ~24,000 characters
+        output = await tool_._in_thread(functools.partial(_render, value))
+    return {"name": name, "args": args, "ok": True, "output": output}
 
 
 async def run_tools(
@@ -152,6 +204,10 @@ async def run_tools(
     )
 
 
+_RENDER_ON_LOOP = 2_000
+"""Outputs shorter than this are redacted on the loop: a thread would cost more."""
+
+
 def _render(value: Any) -> str:
     if value is None:
         text = ""
@@ -162,10 +218,23 @@ def _render(value: Any) -> str:
             text = json.dumps(value, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = repr(value)
-    text = redact(text)  # secrets never reach the conversation, the events or the database
-    if len(text) > MAX_OUTPUT_CHARS:
-        text = text[:MAX_OUTPUT_CHARS] + f"\n…[cut: {len(text) - MAX_OUTPUT_CHARS} more characters]"
-    return text
+    return _cut(text)
+
+
+def _cut(text: str) -> str:
+    # Secrets never reach the conversation, the events or the database. Only what is kept is
+    # scanned, so a huge output costs no more event-loop time than a 20,000-character one.
+    kept, left_out = redact_cut(text, MAX_OUTPUT_CHARS)
+    return kept + (f"\n…[cut: {left_out} more characters]" if left_out else "")
+
+
+def _resolve(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if not future.done():
+        ok, value = outcome
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 # -- schemas from signatures ---------------------------------------------------------------

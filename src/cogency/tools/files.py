@@ -6,6 +6,10 @@ call fail instead of leaving the root. Symlinks whose target stays inside the ro
 followed (by the walker, never by the kernel); ``..``, absolute paths, links that leave the
 root, files with several hard links, and anything but regular files and directories are
 refused with a message saying why. POSIX only.
+
+``file_search`` walks without recursion (a depth limit, not the interpreter's stack, bounds
+it) and matches with the ``regex`` package under a time limit per line, releasing the GIL: a
+pattern that backtracks without end is stopped and reported, never left holding the process.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ import stat
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
+
+import regex as _regex
 
 from ..errors import ConfigurationError, ToolError
 from .base import Tool
@@ -30,6 +37,11 @@ MAX_SEARCH_RESULTS = 100
 MAX_SEARCH_FILES = 5_000
 MAX_SEARCH_FILE_BYTES = 2_000_000
 SEARCH_SECONDS = 10.0
+MAX_SEARCH_DEPTH = 64
+"""Directory levels ``file_search`` descends below its path; deeper ones are reported."""
+SLOW_LINE_SECONDS = 1.0
+"""A regular expression that needs longer for one line is "too slow" (it backtracks)."""
+MAX_PATTERN_CHARS = 1_000
 MAX_PATH_CHARS = 4_096
 MAX_SYMLINK_HOPS = 40
 
@@ -193,7 +205,9 @@ class _Root:
                 info = None
             if info is not None:
                 _check_regular(info, shown)
-                mode = stat.S_IMODE(info.st_mode)
+                # Permissions carry over, set-user/group-id never: new content is not the
+                # program the owner made privileged.
+                mode = stat.S_IMODE(info.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
             temp = f".{name[:100]}.{uuid.uuid4().hex[:12]}.tmp"
             fd = os.open(
                 temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -353,10 +367,10 @@ def files_tools(
     def file_search(pattern: str, path: str = ".", regex: bool = False) -> str:
         if not pattern:
             raise ToolError("pattern must not be empty")
-        try:
-            matcher = re.compile(pattern if regex else re.escape(pattern))
-        except re.error as exc:
-            raise ToolError(f"invalid regular expression: {exc}") from exc
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise ToolError(f"pattern is longer than {MAX_PATTERN_CHARS} characters")
+        deadline = time.monotonic() + SEARCH_SECONDS
+        matches = _matcher(pattern, regex, deadline)
         stack, name, shown = jail.walk(path)
         try:
             top = os.dup(stack[-1]) if name is None else os.open(name, _DIR_FLAGS, dir_fd=stack[-1])
@@ -367,13 +381,12 @@ def files_tools(
         base = "" if shown == "." else shown + "/"
         hits: list[str] = []
         skipped = scanned = 0
-        deadline = time.monotonic() + SEARCH_SECONDS
+        too_deep: list[str] = []
         stopped = ""
+        walk = _walk(top, MAX_SEARCH_DEPTH, too_deep)
         try:
-            # fwalk never follows symlinks and hands out directory fds: the scan stays inside.
-            for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top):
-                dirnames.sort()
-                for filename in sorted(filenames):
+            for dirpath, dirfd, filenames in walk:
+                for filename in filenames:
                     if len(hits) >= max_results or scanned >= MAX_SEARCH_FILES:
                         stopped = "result" if len(hits) >= max_results else "file"
                         break
@@ -381,9 +394,18 @@ def files_tools(
                         stopped = "time"
                         break
                     rel = os.path.normpath(os.path.join(dirpath, filename))
-                    if _is_link(dirfd, filename):
-                        continue  # not followed: a file inside is found under its own path
-                    found = _search_file(dirfd, filename, matcher)
+                    try:
+                        found = _search_file(dirfd, filename, matches)
+                    except _TooSlow as exc:
+                        if exc.at_deadline:
+                            stopped = "time"
+                            break
+                        raise ToolError(
+                            f"pattern too slow: matching one line of {base + rel!r} took over "
+                            f"{SLOW_LINE_SECONDS:g}s, so the search was stopped. Simplify the "
+                            "pattern: nested repetition such as (a+)+ or (a|aa)+ backtracks "
+                            "without end; a plain substring (regex=false) is always fast"
+                        ) from None
                     if found is None:
                         skipped += 1
                         continue
@@ -395,12 +417,19 @@ def files_tools(
                 if stopped:
                     break
         finally:
+            walk.close()
             os.close(top)
         notes = []
         if stopped:
             notes.append(f"stopped at the {stopped} limit; narrow the path or pattern")
         if skipped:
             notes.append(f"{skipped} files skipped (special, hard-linked, or too large)")
+        if too_deep:
+            notes.append(
+                f"error: {len(too_deep)} directories nested deeper than {MAX_SEARCH_DEPTH} "
+                f"levels were not searched (the first: {base + too_deep[0]!r}); search from "
+                "a deeper path to reach them"
+            )
         body = "\n".join(hits) if hits else "no matches"
         return body + ("".join(f"\n[{note}]" for note in notes))
 
@@ -466,7 +495,8 @@ def files_tools(
     search_tool = Tool(
         "file_search",
         f"Find lines containing pattern (a substring, or a Python regex with regex=true) in "
-        f"the files under path; at most {max_results} matches.",
+        f"the files under path; at most {max_results} matches, {MAX_SEARCH_DEPTH} directory "
+        "levels, and 1s of matching per line.",
         {
             "type": "object",
             "properties": {
@@ -485,15 +515,96 @@ def files_tools(
     return [read_tool, write_tool, edit_tool, list_tool, search_tool]
 
 
-def _is_link(dirfd: int, filename: str) -> bool:
+class _TooSlow(Exception):
+    """A line took the pattern over its time (``at_deadline``: the whole search's time ran out)."""
+
+    def __init__(self, at_deadline: bool) -> None:
+        super().__init__()
+        self.at_deadline = at_deadline
+
+
+def _matcher(pattern: str, regex: bool, deadline: float) -> Callable[[str], bool]:
+    """Whether a line matches; raises :class:`_TooSlow` when a regex takes too long."""
+    if not regex:
+        return lambda line: pattern in line
     try:
-        return stat.S_ISLNK(os.stat(filename, dir_fd=dirfd, follow_symlinks=False).st_mode)
+        compiled = _regex.compile(pattern)
+    except (_regex.error, OverflowError, RecursionError) as exc:
+        raise ToolError(f"invalid regular expression: {exc}") from exc
+
+    def matches(line: str) -> bool:
+        left = deadline - time.monotonic()
+        budget = min(SLOW_LINE_SECONDS, left)
+        if budget <= 0:
+            raise _TooSlow(at_deadline=True)
+        try:
+            # concurrent=True releases the GIL while matching: the event loop runs meanwhile.
+            return compiled.search(line, timeout=budget, concurrent=True) is not None
+        except TimeoutError:
+            raise _TooSlow(at_deadline=budget < SLOW_LINE_SECONDS) from None
+
+    return matches
+
+
+def _walk(
+    top: int, max_depth: int, too_deep: list[str]
+) -> Generator[tuple[str, int, list[str]], None, None]:
+    """``(path, fd, file names)`` of each directory under the open directory ``top``, depth
+    first in name order, with a stack instead of recursion (``os.fwalk`` recursed: a tree 1,200
+    levels deep raised ``RecursionError``). Symlinks are never followed; directories deeper
+    than ``max_depth`` are left out and their paths added to ``too_deep``. At most
+    ``max_depth`` directory fds are open at once; ``top`` is left open.
+    """
+    stack: list[tuple[str, int, Iterator[str]]] = []
+    rel, fd = ".", top
+    try:
+        while True:
+            files, dirs = _entries(fd)
+            yield rel, fd, files
+            stack.append((rel, fd, iter(dirs)))
+            while stack:
+                parent, parent_fd, children = stack[-1]
+                child = next(children, None)
+                if child is None:
+                    stack.pop()
+                    if parent_fd != top:
+                        os.close(parent_fd)
+                    continue
+                child_rel = os.path.normpath(os.path.join(parent, child))
+                if len(stack) > max_depth:
+                    too_deep.append(child_rel)
+                    continue
+                try:  # O_NOFOLLOW: a directory swapped for a symlink since the scan is refused
+                    fd = os.open(child, _DIR_FLAGS, dir_fd=parent_fd)
+                except OSError:
+                    continue
+                rel = child_rel
+                break
+            else:
+                return
+    finally:
+        for _, open_fd, _ in stack:
+            if open_fd != top:
+                os.close(open_fd)
+
+
+def _entries(fd: int) -> tuple[list[str], list[str]]:
+    """The sorted non-directory, non-symlink names and directory names in the directory ``fd``."""
+    files: list[str] = []
+    dirs: list[str] = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    continue  # not followed: what it points to is found under its own path
+                (dirs if entry.is_dir(follow_symlinks=False) else files).append(entry.name)
     except OSError:
-        return True
+        pass
+    return sorted(files), sorted(dirs)
 
 
 def _search_file(
-    dirfd: int, filename: str, matcher: re.Pattern[str]
+    dirfd: int, filename: str, matches: Callable[[str], bool]
 ) -> list[tuple[int, str]] | None:
     try:
         fd = os.open(filename, _FILE_FLAGS, dir_fd=dirfd)
@@ -511,6 +622,6 @@ def _search_file(
         os.close(fd)
     found = []
     for number, line in enumerate(text.splitlines(), start=1):
-        if matcher.search(line[:10_000]):
+        if matches(line[:10_000]):
             found.append((number, line[:300]))
     return found
