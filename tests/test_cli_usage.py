@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
+import sys
 
 import pytest
-from cli_run import Cli, learned, rows, step
+from cli_run import TESTS, Cli, learned, rows, step
 
 from cogency.cli import build_parser
 
@@ -48,7 +50,7 @@ def test_the_cli_learns_the_profile_unless_told_not_to(cli, db_path):
                  script=[step(response="noted"),
                          learned(preferences=[{"key": "language", "value": "Rust"}])])
     assert taught.returncode == 0, taught.stderr
-    assert taught.stderr == ""
+    assert taught.stderr == "learning about 'dana' from this task… (--no-memory skips this)\n"
     shown = cli("profile", "show", "--user", "dana")
     assert shown.returncode == 0
     profile = json.loads(shown.stdout)
@@ -155,3 +157,18 @@ def test_profile_forget_asks_first_and_says_when_there_is_nothing(cli, db_path):
         assert rows(db_path, f"SELECT COUNT(*) FROM {table}") == [(0,)]
     nothing = cli("profile", "forget", "carol", "--yes")
     assert nothing.returncode == 0 and "nothing to forget" in nothing.stdout
+
+
+def test_the_readme_test_example_runs_outside_this_repository(tmp_path):
+    readme = (TESTS.parent / "README.md").read_text()
+    example = readme.split("```python\n# test_my_agent.py")[1].split("```")[0]
+    project = tmp_path / "elsewhere"
+    project.mkdir()
+    (project / "test_my_agent.py").write_text("# test_my_agent.py" + example)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_agent.py"],
+        capture_output=True, text=True, cwd=project, timeout=120,
+        env={**os.environ, "PYTEST_ADDOPTS": ""},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout

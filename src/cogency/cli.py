@@ -278,9 +278,9 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
                     settings["llm"] = llm
                 events = agent.stream(query, args.user, args.conversation, settings=settings)
             code = await _show(events, args, progress)
-            if agent.memory is not None and agent.memory.pending and _isatty(sys.stderr):
-                print(f"learning about {visible(args.user, keep='')}…", file=sys.stderr,
-                      flush=True)
+            if agent.memory is not None and agent.memory.pending:  # close() waits for it
+                print(f"learning about {visible(args.user, keep='')!r} from this task… "
+                      "(--no-memory skips this)", file=sys.stderr, flush=True)
         return code
     finally:
         await store.close()
