@@ -78,8 +78,9 @@ class Commands:
     """The subcommand registry handed to each ``_add_*`` function.
 
     ``add(name, help, handler, *parents)`` returns the new subparser; ``parents`` name the
-    shared option groups: ``"db"`` (``--db``, ``--debug``), ``"user"`` (``--user``) and
-    ``"running"`` (model, tools, output of a run).
+    shared option groups: ``"db"`` (``--db``, ``--debug``), ``"user"`` (``--user``),
+    ``"agent"`` (model, tools, root, iterations, memory) and ``"running"`` (``"agent"`` and how
+    a run is shown).
     """
 
     subparsers: Any
@@ -179,22 +180,23 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     user = argparse.ArgumentParser(add_help=False)
     user.add_argument("--user", default="default", help="user id (default: %(default)s)")
-    running = argparse.ArgumentParser(add_help=False)
-    running.add_argument("--llm", metavar="MODEL",
+    agent = argparse.ArgumentParser(add_help=False)
+    agent.add_argument("--llm", metavar="MODEL",
                          help="openai:MODEL, anthropic:MODEL, gemini:MODEL, ollama:MODEL, local, "
                               "local:/path.gguf, or package.module:factory (default: "
                               "$COGENCY_LLM, else the first API key set, else local)")
-    running.add_argument("--tools", metavar="SETS",
+    agent.add_argument("--tools", metavar="SETS",
                          help=f"built-in tools, comma separated: {','.join(TOOL_SETS)} "
                               "(default: none; resume: the task's own)")
-    running.add_argument("--root", metavar="DIR",
+    agent.add_argument("--root", metavar="DIR",
                          help="directory the files and shell tools are confined to (default: "
                               "the current one; resume: the task's own)")
-    running.add_argument("--max-iterations", type=int, default=10, metavar="N",
+    agent.add_argument("--max-iterations", type=int, default=10, metavar="N",
                          help="stop after N reasoning steps (default: %(default)s)")
-    running.add_argument("--no-memory", action="store_true",
+    agent.add_argument("--no-memory", action="store_true",
                          help="do not learn the user's profile from this task (learning is on "
                               "by default; `cogency profile show` shows what was learned)")
+    running = argparse.ArgumentParser(add_help=False, parents=[agent])
     running.add_argument("--json", action="store_true",
                          help="print events as JSON lines instead of text")
     running.add_argument("--tokens", action="store_true",
@@ -212,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cogency {__version__}",
                         help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands = Commands(subparsers, {"db": db, "user": user, "running": running})
+    commands = Commands(subparsers, {"db": db, "user": user, "agent": agent, "running": running})
     for add in COMMANDS:
         add(commands)
     return parser
@@ -728,14 +730,13 @@ class _LogLine(logging.Formatter):
 
 
 def _log_to_stderr() -> None:
-    """Cogency's warnings (e.g. learning that failed) and the providers' retries as lines."""
+    """Cogency's warnings (e.g. learning that failed) as lines; retries arrive as events."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LogLine())
     logger = logging.getLogger("cogency")
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)
     logger.propagate = False
-    logging.getLogger("cogency.llm").setLevel(logging.INFO)  # "…; retrying in 2.0 s"
 
 
 # -- helpers ------------------------------------------------------------------------------------
