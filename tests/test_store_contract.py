@@ -384,3 +384,66 @@ async def test_a_continued_conversation_knows_when_it_was_last_written(any_store
     assert stored.updated_at is not None
     assert later.conversation.last_updated >= stored.updated_at
     assert later.conversation.last_updated >= later.conversation.created_at
+
+
+# -- runs: idempotent saves, messages by task, leases ---------------------------------------
+
+
+async def test_a_save_retried_after_an_unknown_outcome_stores_nothing_twice(any_store, raw):
+    state = await State.start_task("q", "alice", store=any_store, record_query=True)
+    add_message(state, "assistant", "one")
+    add_message(state, "tool", "two")
+    batch = SaveBatch("alice", state.task_id, state.conversation.conversation_id, 1,
+                      list(state.conversation.unsaved), {"understanding": "u"}, save_id="s1")
+    assert await any_store.save(batch) == 2
+    # The same save again (its reply was lost): the messages and the workspace land once.
+    again = SaveBatch("alice", state.task_id, state.conversation.conversation_id, 1,
+                      [dict(m) for m in batch.messages], {"understanding": "u"}, save_id="s1")
+    assert await any_store.save(again) == 2
+    assert [m["seq"] for m in again.messages] == [2, 3]
+    assert await seqs(raw, state.conversation.conversation_id) == [1, 2, 3]
+    assert await message_count(raw, state.conversation.conversation_id) == 3
+    # Another save from the same stale version is still a conflict.
+    with pytest.raises(ConflictError):
+        await any_store.save(SaveBatch("alice", state.task_id, state.conversation.conversation_id,
+                                       1, [], {"understanding": "x"}, save_id="s2"))
+    # A completion retried after it landed finds its messages stored and succeeds.
+    done = SaveBatch("alice", state.task_id, state.conversation.conversation_id, 2,
+                     [{"id": "answer-1", "role": "assistant", "content": "done", "tokens": 1}],
+                     complete=True, save_id="s3")
+    await any_store.save(done)
+    await any_store.save(SaveBatch(**{**done.__dict__, "messages": [dict(done.messages[0])]}))
+    assert await seqs(raw, state.conversation.conversation_id) == [1, 2, 3, 4]
+    assert await raw("SELECT task_id FROM task_workspaces") == []
+
+
+async def test_a_tasks_messages_are_found_by_task_and_scoped_by_user(any_store):
+    first = await State.start_task("first", "alice", store=any_store, record_query=True)
+    add_message(first, "tool", '{"name": "x"}')
+    await autosave(first)
+    second = await State.start_task("second", "alice", first.conversation.conversation_id,
+                                    store=any_store, record_query=True)
+    found = await any_store.load_task_messages(first.task_id, "alice")
+    assert [(m["role"], m["content"]) for m in found] == [("user", "first"),
+                                                            ("tool", '{"name": "x"}')]
+    assert [m["content"] for m in await any_store.load_task_messages(second.task_id, "alice")] \
+        == ["second"]
+    assert await any_store.load_task_messages(first.task_id, "bob") == []
+
+
+async def test_claims_and_force_release_move_the_lease_epoch(any_store, raw):
+    from cogency.errors import TaskRunningError
+    from cogency.storage.base import new_runner
+
+    state = await State.start_task("q", "alice", store=any_store)
+    assert (await any_store.load_task(state.task_id, "alice")).epoch == 0
+    runner = new_runner()
+    assert await any_store.claim_task(state.task_id, "alice", runner) == 1
+    assert await any_store.claim_task(state.task_id, "alice", runner) == 1  # held already
+    with pytest.raises(TaskRunningError):
+        await any_store.claim_task(state.task_id, "alice", new_runner())
+    with pytest.raises(NotFoundError):
+        await any_store.force_release(state.task_id, "bob")
+    assert await any_store.force_release(state.task_id, "alice") == runner
+    assert await raw("SELECT runner, epoch FROM task_workspaces") == [(None, 2)]
+    assert await any_store.claim_task(state.task_id, "alice", new_runner()) == 3

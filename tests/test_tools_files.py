@@ -10,8 +10,10 @@ import shutil
 import socket
 import sqlite3
 import stat
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -320,7 +322,15 @@ async def test_a_catastrophic_regex_is_stopped_and_reported_without_freezing_the
     assert not bad["ok"] and "invalid regular expression" in bad["error"]
 
 
-async def test_search_of_a_very_deep_tree_reports_what_it_did_not_reach(tmp_path) -> None:
+@pytest.fixture
+def deep_root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    # shutil.rmtree (pytest's clean-up) recurses: 1,200 levels would raise RecursionError there.
+    subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=True)
+
+
+async def test_search_of_a_very_deep_tree_reports_what_it_did_not_reach(deep_root) -> None:
+    tmp_path = deep_root
     tools = _tools(tmp_path)
     deep = "/".join(["d"] * 1200)
     wrote = await _call(tools, "file_write", path=f"{deep}/needle.txt", content="needle deep\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -21,8 +22,9 @@ from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, c
 from .storage import open_store
 from .storage.base import Store, new_runner
 from .tokens import count_tokens
-from .tools.base import Tool, run_tools
+from .tools.base import Tool, Toolset, hide_store_files, run_tools
 
+_log = logging.getLogger(__name__)
 STOP_REASONS = (
     "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
     "cancelled",
@@ -62,7 +64,7 @@ class Agent:
     def __init__(
         self,
         llm: LLM | str | None = None,
-        tools: Sequence[Tool] = (),
+        tools: Sequence[Tool | Toolset] = (),
         store: Store | str | None = None,
         memory: Memory | bool = False,
         identity: str = "",
@@ -78,7 +80,11 @@ class Agent:
             raise UsageError("max_iterations must be a positive integer")
         self.llm, self._owns_llm = resolve_llm(llm)
         self.tools: dict[str, Tool] = {}
+        self.toolsets: list[Toolset] = []
         for item in tools:
+            if _is_toolset(item):
+                self.toolsets.append(cast(Toolset, item))
+                continue
             if not isinstance(item, Tool):
                 raise UsageError(
                     f"tools must be Tool objects (decorate functions with @tool), got {item!r}"
@@ -89,6 +95,7 @@ class Agent:
         # A duck-typed check: isinstance() against the runtime Protocol costs more than the rest.
         self._owns_store = not _is_store(store)
         self.store: Store = cast(Store, store) if _is_store(store) else open_store(cast(str, store))
+        hide_store_files(self.tools.values(), self.store)  # e.g. the shell sandbox hides them
         if memory is True:
             memory = Memory()
         self.memory: Memory | None = memory.bind(self.store, self.llm) if memory else None
@@ -190,6 +197,13 @@ class Agent:
             run.cancel()
         if runs:
             await asyncio.wait(runs)
+        if self.toolsets:  # stops the servers this agent started
+            closed = await asyncio.gather(
+                *(toolset.aclose() for toolset in self.toolsets), return_exceptions=True
+            )
+            for toolset, outcome in zip(self.toolsets, closed):
+                if isinstance(outcome, Exception):
+                    _log.warning("closing %r failed: %s", toolset, outcome)
         if self.memory is not None:
             await self.memory.close()  # waits (bounded) for pending learning; never raises
         if self._owns_store:
@@ -233,6 +247,7 @@ class Agent:
         emit: Callable[[Event], None],
     ) -> AgentResult:
         runner = new_runner()
+        tools = await self._tools_for_run()
         state, resumed = await open_task(runner)
         ex, usage, error = state.execution, Usage(), None
         task = state.task_id
@@ -262,7 +277,7 @@ class Agent:
                 ex.advance_iteration()
                 first = ex.iteration == 1
                 system = system_prompt(
-                    build_context(memory, state.workspace, ex, list(self.tools.values()),
+                    build_context(memory, state.workspace, ex, list(tools.values()),
                                   self.budgets),
                     self.identity,
                     first,
@@ -276,7 +291,7 @@ class Agent:
                 step, spent = await reason(
                     self.llm,
                     [{"role": "system", "content": system}, *history],
-                    self.tools,
+                    tools,
                     first_iteration=first,
                     on_token=lambda text: emit(Token(task, text)),
                     on_invalid=lambda message: emit(Error(task, f"invalid reply: {message}")),
@@ -307,7 +322,7 @@ class Agent:
                         add_message(state, "assistant", dumps({"actions": fresh}))
                     for call in step.actions:
                         emit(Action(task, ex.iteration, call["name"], call["args"]))
-                    ran = iter(await run_tools(self.tools, fresh))
+                    ran = iter(await run_tools(tools, fresh))
                     results = [old if old is not None else next(ran) for old in replayed]
                     ex.complete_tool_calls(results)
                     for result, old in zip(results, replayed):
@@ -365,6 +380,22 @@ class Agent:
             error=error,
             security_assessment=state.security_assessment,
         )
+
+    async def _tools_for_run(self) -> dict[str, Tool]:
+        """The agent's tools and its toolsets' (an MCP server's, started on first use)."""
+        if not self.toolsets:
+            return self.tools
+        tools = dict(self.tools)
+        listings = await asyncio.gather(*(toolset.list_tools() for toolset in self.toolsets))
+        for toolset, listing in zip(self.toolsets, listings):
+            for item in listing:
+                if item.name in tools:
+                    raise UsageError(
+                        f"two tools are named {item.name!r} (one from {toolset!r}); "
+                        "give the server a prefix= so its tool names are unique"
+                    )
+                tools[item.name] = item
+        return tools
 
     async def _settle(
         self,
@@ -479,6 +510,10 @@ def _take_recorded(
 
 def _call_key(name: str, args: Any) -> str:
     return json.dumps([name, args], sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _is_toolset(value: Any) -> bool:
+    return callable(getattr(value, "list_tools", None)) and callable(getattr(value, "aclose", None))
 
 
 def _is_store(value: Any) -> bool:

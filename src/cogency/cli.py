@@ -5,8 +5,10 @@ time (typer and rich import in ~0.5 s on a busy machine, more than the rest of c
 works from the core install, with no extra dependency.
 
     cogency run "query" [--user U] [--conversation C] [--llm L] [--tools files,shell,http]
+                        [--mcp "command args"]...
     cogency resume TASK_ID
-    cogency tasks | conversations [ID] | profile show|forget [USER]
+    cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
+    cogency tasks [release TASK_ID --user U] | conversations [ID] | profile show|forget [USER]
 
 Each subcommand is one ``_add_*`` function in :data:`COMMANDS` that declares its parser and
 handler; a new subcommand is one more function there. Errors print one line (``error: …``)
@@ -79,8 +81,8 @@ class Commands:
 
     ``add(name, help, handler, *parents)`` returns the new subparser; ``parents`` name the
     shared option groups: ``"db"`` (``--db``, ``--debug``), ``"user"`` (``--user``),
-    ``"agent"`` (model, tools, root, iterations, memory) and ``"running"`` (``"agent"`` and how
-    a run is shown).
+    ``"agent"`` (model, tools, root, iterations, MCP servers) and ``"running"`` (``"agent"``,
+    learning, and how a run is shown).
     """
 
     subparsers: Any
@@ -124,15 +126,29 @@ def _add_run(commands: Commands) -> None:
 def _add_resume(commands: Commands) -> None:
     resume = commands.add(
         "resume", "continue an unfinished task", _run, "user", "running",
-        description="Continue an unfinished task. It runs with the tools, root and model it "
-                    "was started with, unless --tools, --root or --llm say otherwise.",
+        description="Continue an unfinished task. It runs with the tools, root, MCP servers "
+                    "and model it was started with, unless --tools, --root, --mcp or --llm say "
+                    "otherwise.",
     )
     resume.add_argument("task_id", help="the task to continue (`cogency tasks` lists them)")
 
 
+def _add_mcp(commands: Commands) -> None:
+    commands.add("mcp", "serve an agent over MCP (stdio) for the user", _mcp, "user", "agent")
+
+
 def _add_tasks(commands: Commands) -> None:
-    tasks = commands.add("tasks", "list unfinished tasks (read-only)", _tasks)
-    tasks.add_argument("--user", help="only this user's tasks (default: every user's)")
+    tasks = commands.add(
+        "tasks", "list unfinished tasks (read-only), or release one", _tasks,
+        description="List unfinished tasks (read-only), each with the command that resumes it.\n"
+                    "\n  cogency tasks release TASK_ID --user USER\n\ntakes a task from a "
+                    "runner known to be dead (its later writes are refused), so it can be "
+                    "resumed at once.",
+    )
+    tasks.add_argument("target", nargs="*", metavar="release TASK_ID",
+                       help="release this task (from a runner known to be dead)")
+    tasks.add_argument("--user", help="only this user's tasks (default: every user's); the "
+                                      "task's user, to release it")
     tasks.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
@@ -164,7 +180,7 @@ def _add_profile(commands: Commands) -> None:
 
 
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
-    _add_run, _add_resume, _add_tasks, _add_conversations, _add_profile,
+    _add_run, _add_resume, _add_mcp, _add_tasks, _add_conversations, _add_profile,
 )
 """Every subcommand, in the order ``cogency --help`` lists them."""
 
@@ -193,10 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
                               "the current one; resume: the task's own)")
     agent.add_argument("--max-iterations", type=int, default=10, metavar="N",
                          help="stop after N reasoning steps (default: %(default)s)")
-    agent.add_argument("--no-memory", action="store_true",
+    agent.add_argument("--mcp", action="append", metavar="COMMAND_OR_URL",
+                       help='an MCP server\'s tools: "command args" (stdio) or an http(s) URL; '
+                            "repeatable")
+    running = argparse.ArgumentParser(add_help=False, parents=[agent])
+    running.add_argument("--no-memory", action="store_true",
                          help="do not learn the user's profile from this task (learning is on "
                               "by default; `cogency profile show` shows what was learned)")
-    running = argparse.ArgumentParser(add_help=False, parents=[agent])
     running.add_argument("--json", action="store_true",
                          help="print events as JSON lines instead of text")
     running.add_argument("--tokens", action="store_true",
@@ -224,7 +243,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
-    from .agent import Agent
     from .errors import NotFoundError, UsageError
     from .state.state import check_id
 
@@ -256,14 +274,8 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         tools = args.tools if args.tools is not None else stored.get("tools", "")
         root = Path(args.root if args.root is not None else stored.get("root", ".")).resolve()
         llm = args.llm if args.llm is not None else stored.get("llm")
-        agent = Agent(
-            llm=llm,
-            tools=builtin_tools(tools, root),
-            store=store,
-            memory=not args.no_memory,
-            max_iterations=args.max_iterations,
-        )
-        async with agent:
+        mcp = args.mcp if args.mcp is not None else stored.get("mcp")
+        async with _agent(args, store, llm, tools, root, mcp, memory=not args.no_memory) as agent:
             start = getattr(agent.llm, "start", None)
             if start is not None:  # the offline model: fetch and load it before the run
                 print(f"loading the model ({visible(agent.llm.name)})…", file=sys.stderr,
@@ -275,9 +287,11 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             if resuming:
                 events = agent.resume_stream(args.task_id, args.user)
             else:
-                settings = {"tools": tools, "root": str(root)}
+                settings: dict[str, Any] = {"tools": tools, "root": str(root)}
                 if llm and not _has_secret(llm):
                     settings["llm"] = llm
+                if mcp and not any(_has_secret(spec) for spec in mcp):
+                    settings["mcp"] = mcp
                 events = agent.stream(query, args.user, args.conversation, settings=settings)
             code = await _show(events, args, progress)
             if agent.memory is not None and agent.memory.pending:  # close() waits for it
@@ -288,7 +302,43 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         await store.close()
 
 
+async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    from .mcp_server import serve_stdio
+    from .tools.mcp import require_sdk
+
+    require_sdk()
+    store = _store(args)
+    try:
+        root = Path(args.root or ".").resolve()
+        async with _agent(args, store, args.llm, args.tools, root, args.mcp,
+                          memory=False) as agent:
+            await serve_stdio(agent, args.user)
+    finally:
+        await store.close()
+    return EXIT_OK
+
+
+def _agent(args: argparse.Namespace, store: Any, llm: str | None, tools: str | None,
+           root: Path, mcp: Sequence[str] | None, *, memory: bool) -> Any:
+    from .agent import Agent
+
+    return Agent(
+        llm=llm,
+        tools=[*builtin_tools(tools, root), *mcp_servers(mcp)],
+        store=store,
+        memory=memory,
+        max_iterations=args.max_iterations,
+    )
+
+
 async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    from .errors import UsageError
+
+    if args.target:
+        if args.target[0] != "release" or len(args.target) != 2 or not args.user:
+            raise UsageError("to release a task: cogency tasks release TASK_ID --user USER"
+                             " (without operands, cogency tasks lists them)")
+        return await _release(args, args.target[1])
     store = _read_store(args)
     if store is None:
         print("no unfinished tasks (nothing is stored yet)")
@@ -313,6 +363,22 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
               f"{_iso(task.updated_at)}  {visible(_clip(task.query, 60))}")
         resume = command_hint(args, "resume", task.task_id, user=task.user_id)
         print(style.dim(f"  resume: {resume}"))
+    return EXIT_OK
+
+
+async def _release(args: argparse.Namespace, task_id: str) -> int:
+    from .state.state import check_id
+
+    check_id(task_id, "task id")
+    check_id(args.user, "--user")
+    store = _store(args)
+    try:
+        runner = await store.force_release(task_id, args.user)
+    finally:
+        await store.close()
+    held = f" from runner {visible(runner, keep='')}" if runner else " (no runner held it)"
+    print(f"released task {visible(task_id, keep='')}{held}; its later writes are refused. "
+          f"Resume it with: {command_hint(args, 'resume', task_id)}")
     return EXIT_OK
 
 
@@ -804,6 +870,19 @@ def builtin_tools(spec: str | None, root: Path) -> list[Any]:
                 f"the {name!r} tools are not available in this version of cogency"
             ) from exc
     return tools
+
+
+def mcp_servers(specs: Sequence[str] | None) -> list[Any]:
+    """An ``MCPServer`` for each ``--mcp``: a command line (stdio) or an http(s) URL."""
+    if not specs:
+        return []
+    from .tools.mcp import MCPServer
+
+    return [
+        MCPServer(url=spec.strip()) if spec.strip().startswith(("http://", "https://"))
+        else MCPServer(spec)
+        for spec in specs
+    ]
 
 
 def _store(args: argparse.Namespace) -> Any:

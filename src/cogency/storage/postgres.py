@@ -838,17 +838,18 @@ class PostgresStore:
                     version = landed
                 fenced = True
             elif batch.workspace is not None:
+                step = 1
                 while (written := await db.fetchval(
-                    "UPDATE task_workspaces SET workspace_data = $1, version = version + 1, "
+                    "UPDATE task_workspaces SET workspace_data = $1, version = version + $8, "
                     "updated_at = $2, last_save = $6 WHERE task_id = $3 AND user_id = $4 "
                     "AND version = $5 AND ($7::int IS NULL OR epoch = $7) RETURNING version",
                     dumps(batch.workspace), stamp, batch.task_id, batch.user_id, version,
-                    batch.save_id, batch.epoch,
+                    batch.save_id, batch.epoch, step,
                 )) is None:
                     landed = await _save_problem(db, batch)
                     if landed is None:
                         return version
-                    version = landed
+                    version, step = landed, 0  # write the landed version again
                 version, fenced = written, True
             if batch.messages or not fenced:
                 await _append(db, batch, stamp, None if fenced else batch.epoch)

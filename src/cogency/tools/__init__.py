@@ -2,9 +2,10 @@
 
 from typing import Any
 
-from .base import DEFAULT_TIMEOUT, Tool, run_tools, tool
+from .base import DEFAULT_TIMEOUT, Tool, Toolset, run_tools, tool
 
 _BUILTINS = {
+    "MCPServer": "mcp",
     "files_tools": "files",
     "http_tool": "http",
     "sandbox_available": "shell",
@@ -13,7 +14,8 @@ _BUILTINS = {
 
 
 def __getattr__(name: str) -> Any:
-    # The built-ins are imported on use: http.client, ssl and subprocess are not cheap.
+    # The built-ins are imported on use: http.client, ssl, subprocess and the MCP SDK are
+    # not cheap.
     if name in _BUILTINS:
         from importlib import import_module
 
@@ -23,7 +25,9 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "MCPServer",
     "Tool",
+    "Toolset",
     "files_tools",
     "http_tool",
     "run_tools",

@@ -9,13 +9,14 @@ import enum
 import functools
 import inspect
 import json
+import os
 import re
 import threading
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union, get_args, get_origin, overload
+from typing import Any, Literal, Protocol, Union, get_args, get_origin, overload
 
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
@@ -84,26 +85,7 @@ class Tool:
         return result
 
     async def _in_thread(self, call: Callable[[], Any]) -> Any:
-        # A daemon thread per call, at most MAX_TOOL_THREADS per tool: a hung call holds only
-        # its own slot, and (unlike a pool's worker) never blocks the interpreter's exit.
-        while not self._threads.acquire(blocking=False):
-            await asyncio.sleep(0.01)  # cancelled by the time limit like any other wait
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        context = contextvars.copy_context()
-
-        def work() -> None:
-            try:
-                outcome: tuple[bool, Any] = (True, context.run(call))
-            except BaseException as exc:  # handed to the awaiting coroutine
-                outcome = (False, exc)
-            finally:
-                self._threads.release()
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(_resolve, future, outcome)
-
-        threading.Thread(target=work, name=f"cogency-tool-{self.name}", daemon=True).start()
-        return await future
+        return await in_thread(call, self._threads, f"cogency-tool-{self.name}")
 
     def _saturated(self) -> bool:
         if self._threads.acquire(blocking=False):
@@ -120,6 +102,16 @@ class Tool:
             for key, spec in props.items()
         )
         return f"{self.name}({args}): {self.description}"
+
+
+class Toolset(Protocol):
+    """Tools known only once something is started (an MCP server's): goes in
+    ``Agent(tools=[...])``; the agent lists its tools at the start of each run and calls
+    ``aclose`` in ``agent.close()``."""
+
+    async def list_tools(self) -> list[Tool]: ...
+
+    async def aclose(self) -> None: ...
 
 
 @overload
@@ -163,6 +155,45 @@ def tool(
         )
 
     return build(func) if func is not None else build
+
+
+async def in_thread(call: Callable[[], Any], slots: threading.BoundedSemaphore, name: str) -> Any:
+    """``call()`` in a new daemon thread once one of ``slots`` is free; its result or error.
+
+    Not the loop's shared pool: a call that hangs holds only its own slot, and (unlike a
+    pool's worker) never blocks the interpreter's exit. Cancelling the await abandons the call.
+    """
+    while not slots.acquire(blocking=False):
+        await asyncio.sleep(0.01)  # cancelled by a time limit like any other wait
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, context.run(call))
+        except BaseException as exc:  # handed to the awaiting coroutine
+            outcome = (False, exc)
+        finally:
+            slots.release()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(_resolve, future, outcome)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future
+
+
+def hide_store_files(tools: Iterable[Tool], store: Any) -> None:
+    """Give the tools that hide paths (``Tool.hide``) the files of ``store``: a SQLite file and
+    its journals. A store without a local file (PostgreSQL) has nothing to hide."""
+    path = getattr(store, "path", None)
+    if not isinstance(path, str) or not path or path == ":memory:" or path.startswith("file:"):
+        return
+    base = os.path.realpath(os.path.expanduser(path))
+    files = [base + suffix for suffix in ("", "-wal", "-shm", "-journal")]
+    for item in tools:
+        if item.hide is not None:
+            item.hide(files)
 
 
 async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[str, Any]:

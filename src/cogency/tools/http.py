@@ -3,24 +3,36 @@
 Redirects are followed by hand so every hop is checked again: its scheme (http/https only),
 and unless ``allow_private`` its address (no loopback, private, link-local or cloud metadata
 addresses, checked on the address actually connected to, so DNS cannot swap one in).
+
+The request is asyncio from end to end under one deadline: connecting, every byte of the
+headers and the body, and every redirect share ``timeout`` (a server that drips its headers
+is cut off at the deadline, not at each read). Name lookups run in the tool's own threads,
+never the event loop's shared pool, so hung calls cannot starve other tools.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import io
 import ipaddress
 import socket
 import ssl
-import time
+import string
+import threading
 from email.message import Message
-from urllib.parse import urljoin, urlsplit
+from typing import Any
+from urllib.parse import SplitResult, quote, urljoin, urlsplit
 
 from ..errors import ToolError
-from .base import Tool
+from .base import Tool, in_thread
 
 HTTP_TIMEOUT = 15.0
 MAX_HTTP_BYTES = 1_000_000
 MAX_REDIRECTS = 5
+MAX_HEADER_BYTES = 65_536
+LOOKUP_THREADS = 4
+"""Name lookups of one http tool at once (``getaddrinfo`` cannot be cancelled)."""
 USER_AGENT = "cogency-http-tool/1"
 _REDIRECTS = (301, 302, 303, 307, 308)
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javascript",
@@ -41,19 +53,29 @@ def http_tool(
     ``max_bytes`` are cut (and say so). ``allow_private=True`` lets it reach loopback and
     private networks (needed for local servers; unsafe for untrusted prompts).
     """
+    lookups = threading.BoundedSemaphore(LOOKUP_THREADS)
 
-    def http_get(url: str) -> str:
-        deadline = time.monotonic() + timeout
-        current = url
-        for hop in range(max_redirects + 1):
-            parts = _check_url(current)
-            status, reason, headers, body, cut = _fetch(parts, deadline, max_bytes, allow_private)
-            if status in _REDIRECTS and headers.get("Location"):
-                if hop == max_redirects:
-                    raise ToolError(f"more than {max_redirects} redirects; stopped at {current}")
-                current = urljoin(current, headers["Location"])
-                continue
-            return _describe(current, status, reason, headers, body, cut, max_bytes)
+    async def http_get(url: str) -> str:
+        try:
+            async with asyncio.timeout(timeout):
+                current = url
+                for hop in range(max_redirects + 1):
+                    parts = _check_url(current)
+                    address = await _resolve(parts, allow_private, lookups)
+                    status, reason, headers, body, cut = await _fetch(parts, address, max_bytes)
+                    if status in _REDIRECTS and headers.get("Location"):
+                        if hop == max_redirects:
+                            raise ToolError(
+                                f"more than {max_redirects} redirects; stopped at {current}"
+                            )
+                        current = urljoin(current, headers["Location"])
+                        continue
+                    return _describe(current, status, reason, headers, body, cut, max_bytes)
+        except TimeoutError:
+            raise ToolError(
+                f"the request timed out after {timeout:g}s (one deadline for connecting, "
+                "headers, body and redirects)"
+            ) from None
         raise AssertionError("unreachable")
 
     return Tool(
@@ -71,7 +93,7 @@ def http_tool(
     )
 
 
-def _check_url(url: str):  # -> SplitResult
+def _check_url(url: str) -> SplitResult:
     try:
         parts = urlsplit(url.strip())
         port = parts.port
@@ -89,69 +111,135 @@ def _check_url(url: str):  # -> SplitResult
     return parts
 
 
-def _fetch(parts, deadline: float, max_bytes: int, allow_private: bool):
-    host = parts.hostname
-    https = parts.scheme.lower() == "https"
-    port = parts.port or (443 if https else 80)
-    address = _resolve(host, port, allow_private, _remaining(deadline))
-    sock = socket.create_connection(address[:2], timeout=_remaining(deadline))
+async def _resolve(
+    parts: SplitResult, allow_private: bool, lookups: threading.BoundedSemaphore
+) -> str:
+    """The first address of the host that may be reached; the connection goes to it."""
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
     try:
-        if https:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-        connection = http.client.HTTPConnection(host, port, timeout=_remaining(deadline))
-        connection.sock = sock  # connected to the checked address, not a second lookup
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        connection.putrequest("GET", path, skip_accept_encoding=True)
-        connection.putheader("User-Agent", USER_AGENT)
-        connection.putheader("Accept-Encoding", "identity")
-        connection.putheader("Connection", "close")
-        connection.endheaders()
-        response = connection.getresponse()
-        chunks, total, cut = [], 0, False
-        while True:
-            sock.settimeout(_remaining(deadline))
-            chunk = response.read1(65_536) if hasattr(response, "read1") else response.read(65_536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > max_bytes:
-                cut = True
-                break
-        return response.status, response.reason, response.headers, b"".join(chunks)[:max_bytes], cut
-    except (TimeoutError, socket.timeout) as exc:
-        raise ToolError("the request timed out") from exc
-    except ssl.SSLError as exc:
-        raise ToolError(f"TLS failed: {exc}") from exc
-    except (OSError, http.client.HTTPException) as exc:
-        raise ToolError(f"the request failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        sock.close()
-
-
-def _remaining(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise ToolError("the request timed out")
-    return left
-
-
-def _resolve(host: str, port: int, allow_private: bool, timeout: float) -> tuple:
-    # getaddrinfo has no timeout of its own; the tool's own time limit bounds it.
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
+        infos = await in_thread(
+            lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM), lookups,
+            "cogency-http-lookup",
+        )
+    except (socket.gaierror, UnicodeError) as exc:
         raise ToolError(f"cannot resolve {host!r}: {exc}") from exc
-    for family, _, _, _, address in infos:
+    for _, _, _, _, address in infos:
         ip = ipaddress.ip_address(str(address[0]).split("%")[0])
         if allow_private or ip.is_global:
-            return address
+            return str(address[0])
     raise ToolError(
         f"{host!r} resolves to a private, loopback or link-local address; refused "
         "(http_tool(allow_private=True) allows it)"
     )
+
+
+async def _fetch(
+    parts: SplitResult, address: str, max_bytes: int
+) -> tuple[int, str, Message, bytes, bool]:
+    host = parts.hostname or ""
+    https = parts.scheme.lower() == "https"
+    port = parts.port or (443 if https else 80)
+    request = _request(parts, host, https)
+    try:
+        reader, writer = await asyncio.open_connection(
+            address, port, limit=MAX_HEADER_BYTES,
+            ssl=ssl.create_default_context() if https else None,
+            server_hostname=host if https else None,
+        )
+    except ssl.SSLError as exc:
+        raise ToolError(f"TLS failed: {exc}") from exc
+    except OSError as exc:
+        raise ToolError(f"the request failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        writer.write(request)
+        await writer.drain()
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            raise ToolError(f"the response headers are over {MAX_HEADER_BYTES} bytes") from None
+        except asyncio.IncompleteReadError as exc:
+            raise ToolError("the server closed the connection before its headers ended") from exc
+        status, reason, headers = _parse_head(head)
+        if "chunked" in headers.get("Transfer-Encoding", "").lower():
+            body, cut = await _read_chunked(reader, max_bytes)
+        else:
+            length = headers.get("Content-Length", "").strip()
+            body, cut = await _read_plain(reader, max_bytes, int(length) if length.isdigit() else None)
+        return status, reason, headers, body, cut
+    except ssl.SSLError as exc:
+        raise ToolError(f"TLS failed: {exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a line over the stream's limit
+        raise ToolError(f"the request failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        writer.transport.abort()  # no graceful close: nothing left to wait for
+
+
+def _request(parts: SplitResult, host: str, https: bool) -> bytes:
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    path = quote(path, safe=string.punctuation)  # non-ASCII percent-encoded, the rest kept
+    try:
+        name = host.encode("idna").decode("ascii")
+    except UnicodeError as exc:
+        raise ToolError(f"cannot encode the host name {host!r}: {exc}") from exc
+    if ":" in name:
+        name = f"[{name}]"
+    if parts.port and parts.port != (443 if https else 80):
+        name += f":{parts.port}"
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: {name}\r\nUser-Agent: {USER_AGENT}\r\n"
+        "Accept-Encoding: identity\r\nConnection: close\r\n\r\n"
+    ).encode("ascii")
+
+
+def _parse_head(head: bytes) -> tuple[int, str, Message]:
+    status_line, _, rest = head.partition(b"\r\n")
+    words = status_line.decode("latin-1").split(" ", 2)
+    if len(words) < 2 or not words[0].startswith("HTTP/") or not words[1].isdigit():
+        raise ToolError(f"not an HTTP response: {status_line[:100]!r}")
+    try:
+        headers: Any = http.client.parse_headers(io.BytesIO(rest))
+    except http.client.HTTPException as exc:
+        raise ToolError(f"unreadable response headers: {exc}") from exc
+    return int(words[1]), words[2].strip() if len(words) > 2 else "", headers
+
+
+async def _read_plain(
+    reader: asyncio.StreamReader, max_bytes: int, wanted: int | None
+) -> tuple[bytes, bool]:
+    body = bytearray()
+    goal = max_bytes + 1 if wanted is None else min(wanted, max_bytes + 1)
+    while len(body) < goal:
+        chunk = await reader.read(min(65_536, goal - len(body)))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body[:max_bytes]), len(body) > max_bytes
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int) -> tuple[bytes, bool]:
+    body = bytearray()
+    while True:
+        line = await reader.readline()
+        if not line:
+            break  # closed before the last chunk: keep what came
+        try:
+            size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+        except ValueError:
+            raise ToolError(f"a malformed chunk in the response: {line[:40]!r}") from None
+        if size <= 0:
+            break
+        try:
+            body += await reader.readexactly(min(size, max_bytes + 1 - len(body)))
+        except asyncio.IncompleteReadError as exc:
+            body += exc.partial
+            break
+        if len(body) > max_bytes:
+            return bytes(body[:max_bytes]), True
+        await reader.readline()  # the CRLF that ends the chunk
+    return bytes(body), False
 
 
 def _describe(url: str, status: int, reason: str, headers: Message, body: bytes, cut: bool,

@@ -1,0 +1,62 @@
+"""``cogency mcp``: a Cogency agent served over MCP (stdio), so an MCP host (an IDE, a desktop
+assistant, another agent) can use an agent that remembers its user.
+
+The server offers one tool, ``ask``: it runs a query as one task of the agent, in a new
+conversation or in ``conversation_id``, and returns the answer and the conversation id (to
+pass back for the next question). Every task is the served user's; the host cannot choose
+another user.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import CogencyError
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+ASK_DESCRIPTION = (
+    "Ask a Cogency agent that remembers its user across conversations. Returns the answer and "
+    "the conversation_id; pass conversation_id back to continue the same conversation."
+)
+
+
+def build_server(agent: Agent, user_id: str) -> Any:
+    """An MCP server (the SDK's ``MCPServer``) whose ``ask`` tool runs ``agent`` for ``user_id``."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import ToolAnnotations
+
+    from .tools.mcp import cogency_version
+
+    server: Any = MCPServer(
+        name="cogency",
+        version=cogency_version(),
+        instructions=f"A stateful Cogency agent serving user {user_id!r}.",
+    )
+
+    @server.tool(
+        name="ask",
+        description=ASK_DESCRIPTION,
+        annotations=ToolAnnotations(read_only_hint=False, open_world_hint=True),
+    )
+    async def ask(query: str, conversation_id: str | None = None) -> dict[str, Any]:
+        try:
+            result = await agent.run(query, user_id, conversation_id)
+        except CogencyError as exc:  # a bad conversation id, a model that failed: say what
+            raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+        return {
+            "answer": result.response,
+            "conversation_id": result.conversation_id,
+            "task_id": result.task_id,
+            "stop_reason": result.stop_reason,
+            "error": result.error,
+        }
+
+    return server
+
+
+async def serve_stdio(agent: Agent, user_id: str) -> None:
+    """Serve ``agent`` over MCP on this process's stdin and stdout until the host disconnects."""
+    await build_server(agent, user_id).run_stdio_async()

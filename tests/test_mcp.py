@@ -1,0 +1,312 @@
+"""MCPServer against real MCP servers nobody here wrote: the npm reference servers
+(everything, filesystem) run with this machine's Node, and PyPI's mcp-server-time; the
+failure cases against tests/mcp_stub.py. Everything goes through Agent.run / the CLI, and
+the stored rows are read back from the database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cogency import Agent, tool
+from cogency.errors import UsageError
+from cogency.testing import ScriptedLLM
+
+pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: pip install -e '.[test]'")
+
+import mcp_servers  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
+
+from cogency.tools import MCPServer  # noqa: E402
+
+TESTS = Path(__file__).parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SECRET = "sk-test-mcp-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def npm_servers() -> None:
+    try:
+        mcp_servers.install()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        if IN_CI:
+            raise
+        pytest.skip(f"the npm MCP servers cannot be installed here: {exc}")
+
+
+def step(actions=(), response=None):
+    return {"secure": True, "objective": "use the MCP tools", "understanding": "",
+            "approach": "", "discoveries": "", "response": response, "actions": list(actions)}
+
+
+def call(name, **args):
+    return {"name": name, "args": args}
+
+
+def server_pids(marker: str) -> list[int]:
+    """Live child processes of this test whose command line contains ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[1]) == os.getpid() and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def stored(db, conversation_id):
+    rows = db.execute(
+        "SELECT role, content FROM conversation_messages WHERE conversation_id = ? ORDER BY seq",
+        (conversation_id,),
+    ).fetchall()
+    return [(role, json.loads(content) if role == "tool" else content) for role, content in rows]
+
+
+async def test_real_servers_tools_through_agent_run(npm_servers, tmp_path, db_path, db,
+                                                    monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)  # must never reach a server, nor the database
+    root = tmp_path / "files"
+    root.mkdir()
+    everything = MCPServer([mcp_servers.npm_bin("mcp-server-everything")], name="everything",
+                           trusted={"echo"})
+    files = MCPServer([mcp_servers.npm_bin("mcp-server-filesystem"), str(root)])
+    clock = MCPServer([sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"])
+
+    @tool
+    def shout(text: str) -> str:
+        """Upper-case the text."""
+        return text.upper()
+
+    llm = ScriptedLLM([
+        step([call("get-sum", a="two", b=3)]),  # breaks the server's schema: asked again
+        step([call("get-sum", a=2, b=3), call("echo", message=f"key {SECRET}"),
+              call("get-tiny-image"), call("get-env"), call("shout", text="hi"),
+              call("write_file", path=str(root / "notes.txt"), content="MCP wrote this"),
+              call("get_current_time", timezone="Europe/Paris")]),
+        step([call("read_text_file", path=str(root / "notes.txt")),
+              call("write_file", path=str(tmp_path / "outside.txt"), content="no")]),
+        step(response="done"),
+    ])
+    agent = Agent(llm=llm, tools=[shout, everything, files, clock], store=str(db_path))
+    assert server_pids("server-everything") == []  # started on first use, not before
+    async with agent:
+        result = await agent.run("use the servers", user_id="alice")
+        running = server_pids("server-everything") + server_pids("mcp_server_time")
+        assert len(running) == 2
+    assert result.stop_reason == "completed" and result.response == "done"
+
+    # The model saw each server's own tool names, descriptions and schemas.
+    system = llm.calls[0][0]["content"]
+    assert "- echo(message: string): Echoes back the input string" in system
+    assert "get_current_time(timezone: string)" in system
+    assert "write_file(path: string, content: string)" in system
+    assert "- shout(text: string)" in system
+    # The bad call never reached the server: the schema check answered the model.
+    assert "args.a: 'two' is not of type 'number'" in llm.calls[1][-1]["content"]
+
+    messages = stored(db, result.conversation_id)
+    results = {m["name"]: m for role, m in messages if role == "tool"}
+    assert results["get-sum"]["output"] == "The sum of 2 and 3 is 5."
+    assert results["echo"]["output"] == "Echo: key [REDACTED]"
+    assert "[image: image/png, about" in results["get-tiny-image"]["output"]
+    assert "PATH" in results["get-env"]["output"] and SECRET not in results["get-env"]["output"]
+    assert results["shout"]["output"] == "HI"
+    assert json.loads(results["get_current_time"]["output"])["timezone"] == "Europe/Paris"
+    assert results["read_text_file"]["output"] == "MCP wrote this"
+    assert (root / "notes.txt").read_text() == "MCP wrote this"
+    outside = [m for role, m in messages if role == "tool" and m["name"] == "write_file"][-1]
+    assert outside["ok"] is False and not (tmp_path / "outside.txt").exists()
+    assert "MCP server 'mcp-server-filesystem': write_file failed" in outside["error"]
+    assert "outside allowed directories" in outside["error"]
+
+    # agent.close() stopped every server it started.
+    for pid in running:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+    # Approval: MCP tools wait for a person unless the server or the tool is trusted.
+    tools = {t.name: t for t in await everything.list_tools()}
+    assert tools["echo"].needs_approval is False
+    assert tools["get-sum"].needs_approval is True
+    await everything.aclose()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_streamable_http_server(npm_servers, db_path, db):
+    port = _free_port()
+    process = subprocess.Popen(
+        [mcp_servers.npm_bin("mcp-server-everything"), "streamableHttp"],
+        env={**os.environ, "PORT": str(port)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the HTTP MCP server did not come up"
+                await asyncio.sleep(0.1)
+        server = MCPServer(url=f"http://127.0.0.1:{port}/mcp")
+        llm = ScriptedLLM([step([call("echo", message="over http")]), step(response="ok")])
+        async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
+            result = await agent.run("echo over http")
+        assert result.stop_reason == "completed"
+        tool_rows = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+        assert tool_rows == [{"name": "echo", "args": {"message": "over http"}, "ok": True,
+                              "output": "Echo: over http"}]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def test_failing_servers_are_tool_errors_and_the_run_goes_on(db_path, db):
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], name="stub", timeout=2,
+                     start_timeout=20)
+    ghost = MCPServer(["/nonexistent/mcp-server"], name="ghost")
+    broken = MCPServer([sys.executable, "-c", "import sys; sys.stderr.write('bad config: "
+                        "no token'); sys.exit(2)"], name="broken")
+    sleepy = MCPServer([sys.executable, "-c", "import time; time.sleep(60)"], name="sleepy",
+                       start_timeout=1)
+    llm = ScriptedLLM([
+        step([call("ghost"), call("broken"), call("sleepy"), call("die")]),
+        step([call("say", text="back"), call("hang")]),
+        step([call("flood")]),
+        step([call("say", text="again")]),
+        step(response="survived"),
+    ])
+    async with Agent(llm=llm, tools=[stub, ghost, broken, sleepy], store=str(db_path)) as agent:
+        result = await agent.run("try every server")
+    assert result.stop_reason == "completed" and result.response == "survived"
+
+    # The model was told up front which servers are unavailable, and why.
+    system = llm.calls[0][0]["content"]
+    assert "- ghost(): UNAVAILABLE: MCP server 'ghost' failed to start: cannot run" in system
+    assert "sleepy(): UNAVAILABLE: MCP server 'sleepy' did not start within 1s" in system
+
+    results = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+    by_step = {r["name"]: r for r in results}
+    assert all(not by_step[name]["ok"] for name in ("ghost", "broken", "sleepy", "die", "hang"))
+    assert "MCP server 'ghost' failed to start: cannot run '/nonexistent/mcp-server'" in \
+        by_step["ghost"]["error"]
+    assert "MCP server 'broken' failed to start" in by_step["broken"]["error"]
+    assert "bad config: no token" in by_step["broken"]["error"]
+    assert "MCP server 'sleepy' did not start within 1s" in by_step["sleepy"]["error"]
+    assert "MCP server 'stub' exited (status 3)" in by_step["die"]["error"]
+    assert "stub: dying on purpose" in by_step["die"]["error"]
+    assert "MCP server 'stub': hang did not answer within 2s" in by_step["hang"]["error"]
+    flood = by_step["flood"]
+    assert not flood["ok"] and "MCP server 'stub' closed the connection" in flood["error"]
+    assert "over 4194304 bytes" in flood["error"]
+    said = [r for r in results if r["name"] == "say"]
+    assert [r["ok"] for r in said] == [True, True]  # started again after each death
+    assert said[0]["output"].startswith("said: back")
+    assert said[1]["output"].startswith("said: again")
+    assert server_pids("mcp_stub.py") == [] and server_pids("time.sleep") == []
+
+
+async def test_tool_name_clash_is_a_usage_error_and_prefix_fixes_it(db_path, db):
+    @tool
+    def say(text: str) -> str:
+        """Say it back."""
+        return text
+
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
+    async with Agent(llm=ScriptedLLM([]), tools=[say, stub], store=str(db_path)) as agent:
+        with pytest.raises(UsageError, match="two tools are named 'say'.*prefix="):
+            await agent.run("hi")
+    prefixed = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], prefix="stub_",
+                         start_timeout=20)
+    llm = ScriptedLLM([step([call("stub_say", text="x"), call("say", text="y")]),
+                       step(response="ok")])
+    async with Agent(llm=llm, tools=[say, prefixed], store=str(db_path)) as agent:
+        result = await agent.run("hi")
+    assert result.stop_reason == "completed"
+    results = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+    assert [(r["name"], r["output"].split(" (pid")[0]) for r in results] == [
+        ("stub_say", "said: x"), ("say", "y")]
+
+
+def test_mcp_flag_on_the_command_line(npm_servers, tmp_path, db_path, db):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([step([call("echo", message="from the cli")]),
+                                  step(response="echoed")]))
+    env = {**os.environ, "COGENCY_TEST_SCRIPT": str(script), "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "cogency.cli", "run", "echo it", "--db", str(db_path),
+         "--llm", "cli_models:scripted", "--no-memory", "--mcp", mcp_servers.npm_bin("mcp-server-everything"),
+         "--mcp", f"{sys.executable} {TESTS / 'mcp_stub.py'}"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Echo: from the cli" in done.stdout and "echoed" in done.stdout
+    (content,) = db.execute("SELECT content FROM conversation_messages WHERE role = 'tool'"
+                            ).fetchone()
+    assert json.loads(content)["output"] == "Echo: from the cli"
+
+
+def test_mcp_server_arguments_are_checked():
+    with pytest.raises(UsageError, match="exactly one of"):
+        MCPServer()
+    with pytest.raises(UsageError, match="http"):
+        MCPServer(url="file:///etc/passwd")
+    with pytest.raises(UsageError, match="timeout"):
+        MCPServer(["x"], timeout=0)
+    assert MCPServer("npx -y @modelcontextprotocol/server-everything@1.2").name == \
+        "server-everything"
+
+
+async def test_schemas_with_refs_are_inlined_for_the_model_and_checked_in_full(db_path, db):
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
+    llm = ScriptedLLM([step([call("book", room={"beds": 0})]),
+                       step([call("book", room={"beds": 2}), call("notes_count")]),
+                       step(response="booked")])
+    async with Agent(llm=llm, tools=[stub], store=str(db_path)) as agent:
+        result = await agent.run("book a room")
+        (book,) = [t for t in await stub.list_tools() if t.name == "book"]
+    # Embedded in a provider's structured-output schema, "#/$defs/..." would point elsewhere.
+    assert "$ref" not in json.dumps(book.parameters)
+    assert book.parameters["properties"]["room"]["properties"]["beds"]["minimum"] == 1
+    assert "args.room.beds: 0 is less than the minimum of 1" in llm.calls[1][-1]["content"]
+    assert result.stop_reason == "completed"
+    outputs = [json.loads(c)["output"] for (c,) in db.execute(
+        "SELECT content FROM conversation_messages WHERE role = 'tool' ORDER BY seq")]
+    assert outputs == ["booked 2 beds", "3 notes"]  # no terminal control codes
+    # A name MCP allows but the step contract does not ("notes.count") is made valid; the
+    # call still reaches the server's own name. Descriptions lose their control codes too.
+    assert "- notes_count(): Count the notes.\n" in llm.calls[0][0]["content"]
+
+
+def test_run_sync_starts_the_server_in_each_event_loop_and_stops_it_after(db_path, db):
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
+    llm = ScriptedLLM([step([call("say", text="one")]), step(response="1"),
+                       step([call("say", text="two")]), step(response="2")])
+    agent = Agent(llm=llm, tools=[stub], store=str(db_path))
+    assert agent.run_sync("first").stop_reason == "completed"
+    assert server_pids("mcp_stub.py") == []  # the loop's end stopped it
+    assert agent.run_sync("second").stop_reason == "completed"
+    asyncio.run(agent.close())
+    outputs = [json.loads(c)["output"] for (c,) in db.execute(
+        "SELECT content FROM conversation_messages WHERE role = 'tool' ORDER BY created_at")]
+    assert [o.split(" (pid")[0] for o in outputs] == ["said: one", "said: two"]
+    assert server_pids("mcp_stub.py") == []
