@@ -80,12 +80,15 @@ class Cli:
         )
         return Done(done.returncode, done.stdout.decode(), done.stderr.decode(), done.stdout)
 
-    def tty(self, *args: str, answer: bytes = b"", timeout: float = 30) -> tuple[int, str]:
-        """Run with a pseudo-terminal as stdin, stdout and stderr; type ``answer`` once the
-        command has printed something. Returns the exit status and everything it printed."""
+    def tty(self, *args: str, answer: bytes = b"", script: list[Any] | None = None,
+            llm: str | None = "cli_models:scripted", timeout: float = 30) -> tuple[int, str]:
+        """Run with a pseudo-terminal as stdin, stdout and stderr (colours on); type ``answer``
+        once the command has printed something. Returns the exit status and all it printed."""
         parent, child = pty.openpty()
-        process = subprocess.Popen(self.argv(args, None, False, True), stdin=child,
-                                   stdout=child, stderr=child, env=self.env(),
+        env = self.env(script)
+        env.pop("NO_COLOR")
+        process = subprocess.Popen(self.argv(args, llm, False, True), stdin=child,
+                                   stdout=child, stderr=child, env=env,
                                    cwd=self.tmp, close_fds=True)
         os.close(child)
         seen = b""

@@ -68,6 +68,14 @@ def test_model_tool_and_stored_text_is_shown_not_interpreted(cli, tmp_path, db_p
     assert "assistant: answer \\x1b[2J" in shown.stdout and "\ufffd done" in shown.stdout  # stored as U+FFFD
 
 
+def test_on_a_terminal_colours_are_ours_and_hostile_sequences_stay_inert(cli):
+    status, screen = cli.tty("run", "hi", script=[step(response=f"answer {HOSTILE}")])
+    assert status == 0, screen
+    assert "\x1b[1manswer \\x1b[2J\\x1b]0;pwned\\x07\\r✓ fake line" in screen  # bold: ours
+    for sequence in ("\x1b[2J", "\x1b]0;", "\x07", "\x08", "\u202e", "\x9b", "\x1b[?1049h"):
+        assert sequence not in screen
+
+
 LOOKALIKES = [("ａlice", "alice"), ("al\u200bice", "alice"), ("\u202ealice", "alice"),
               ("alice\u2060", "alice"), ("e\u0301ve", "\u00e9ve")]
 """Ids that print like another one, and the id each passes for."""
