@@ -40,10 +40,21 @@ class _SlowModel(ScriptedLLM):
 
     name = "slow-test-model"
 
+    loaded = False
+
     async def start(self) -> None:
-        await asyncio.sleep(0.3)
+        if not self.loaded:  # like the offline model: slow once, then ready
+            await asyncio.sleep(1.0)
+            self.loaded = True
 
 
 def slow() -> ScriptedLLM:
     llm = scripted()
     return _SlowModel(list(llm._queue), delay=float(os.environ.get("COGENCY_TEST_DELAY", "1.5")))
+
+
+def big_window() -> ScriptedLLM:
+    """The script, on a model whose context window takes a 1 MB query."""
+    llm = scripted()
+    llm.context_window = 2_000_000
+    return llm

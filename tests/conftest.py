@@ -127,3 +127,54 @@ async def observer(pg: object) -> AsyncIterator[object]:
     connection = await pgutil.connect(pg.dsn)  # type: ignore[attr-defined]
     yield connection
     await connection.close()
+
+
+# -- real model servers (tests/realservers.py): one of each per session -----------------------
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """LiteLLM's proxy takes tens of seconds to start: begin as soon as a test will need it."""
+    if any("litellm_proxy" in getattr(item, "fixturenames", ()) for item in session.items):
+        from realservers import SERVERS
+
+        try:
+            SERVERS.start_litellm()
+        except Exception as exc:  # reported by the fixture, in the tests that need it
+            SERVERS.litellm_error = f"could not start LiteLLM's proxy: {exc}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import sys
+
+    if "realservers" in sys.modules:
+        sys.modules["realservers"].SERVERS.stop()
+
+
+def _need(what: str, error: Exception) -> None:
+    if IN_CI:
+        raise error  # in CI a real-server test never skips
+    pytest.skip(f"{what} is not available here: {error}")
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> str:
+    """The root URL of llama.cpp's server with SmolLM2-135M (OpenAI and Anthropic APIs)."""
+    from realservers import SERVERS
+
+    try:
+        return SERVERS.llama()
+    except Exception as exc:
+        _need("llama.cpp's server (the 'local' extra and the offline model)", exc)
+        raise
+
+
+@pytest.fixture(scope="session")
+def litellm_proxy(llama_server: str) -> str:
+    """The URL of LiteLLM's proxy in front of ``llama_server`` (Gemini's API)."""
+    from realservers import SERVERS
+
+    try:
+        return SERVERS.litellm()
+    except Exception as exc:
+        _need("LiteLLM's proxy", exc)
+        raise

@@ -86,8 +86,11 @@ async def test_llm_failure_is_a_fatal_error_event(store, db):
     llm = ScriptedLLM([ConnectionError("no route to host")] * 2)
     agent = Agent(llm=llm, store=store, llm_retries=1, retry_delay=0)
     events = [e async for e in agent.stream("hello")]
-    assert [e.type for e in events] == ["start", "error", "end"]
-    assert events[1].fatal and "no route to host" in events[1].message
+    assert [e.type for e in events] == ["start", "retry", "error", "end"]
+    retry = events[1].to_dict()  # what --json and the service show
+    assert retry == {"type": "retry", "task_id": events[0].task_id, "attempt": 1,
+                     "delay": 0.0, "reason": "ConnectionError: no route to host"}
+    assert events[2].fatal and "no route to host" in events[2].message
     assert events[-1].stop_reason == "error"
     assert db.execute("SELECT runner FROM task_workspaces").fetchall() == [(None,)]
 

@@ -110,7 +110,8 @@ def test_unknown_conversation_is_an_error_and_an_id_alone_shows_one(cli, db_path
 def test_the_query_comes_from_stdin(cli, db_path):
     big = ("a line of the long input\n" * 44_000).encode()  # ~1 MB
     assert len(big) > 1_000_000
-    done = cli("run", "-", "--json", input=big, script=[step(response="read it")])
+    done = cli("run", "-", "--json", input=big, script=[step(response="read it")],
+               llm="cli_models:big_window")
     assert done.returncode == 0, done.stderr
     piped = cli("run", "--json", input="piped question\n".encode(), script=[step(response="ok")])
     assert piped.returncode == 0, piped.stderr

@@ -88,8 +88,14 @@ async def test_generate_puts_system_apart_and_merges_same_role_messages(server):
         {"role": "user", "content": "tool result 1\n\ntool result 2"},
     ]
     assert sent.body["max_tokens"] == 4096
-    fmt = sent.body["output_config"]["format"]
-    assert fmt["type"] == "json_schema" and "maxLength" not in json.dumps(fmt["schema"])
+    # structured output as a forced call of the step tool (what Anthropic reliably honours)
+    assert sent.body["tool_choice"] == {"type": "tool", "name": "step"}
+    [step] = sent.body["tools"]
+    schema = step["input_schema"]
+    assert step["name"] == "step" and "maxLength" not in json.dumps(schema)
+    # no tools: "actions" is not there at all (an array without items would allow anything)
+    assert "actions" not in schema["properties"] and "actions" not in schema["required"]
+    assert schema["additionalProperties"] is False
 
 
 async def test_stream_yields_text_deltas_and_usage(server):
@@ -103,17 +109,71 @@ async def test_stream_yields_text_deltas_and_usage(server):
     assert server.requests[0].body["stream"] is True
 
 
-async def test_a_schema_with_open_objects_goes_by_prompt_only(server):
+async def test_the_step_schema_fits_what_the_sdk_documents(server):
     @tool
-    def store_map(values: dict[str, int]) -> str:
+    def store_map(values: dict[str, int], day: str, tags: list[str]) -> str:
         """Store a mapping."""
         return "ok"
 
+    schema = step_schema([store_map], True)
+    args = schema["properties"]["actions"]["items"]["anyOf"][0]["properties"]["args"]
+    args["properties"]["day"]["format"] = "date"
+    args["properties"]["tags"].update(minItems=2, format="x")
+    args["properties"]["tags"]["items"]["format"] = "not-a-format"
     server.script(Reply(body=message("{}")))
     llm = make(server)
-    await llm.generate(MESSAGES, schema=step_schema([store_map], False))
+    await llm.generate(MESSAGES, schema=schema)
     await llm.close()
-    assert "output_config" not in server.requests[0].body
+    sent = server.requests[0].body["tools"][0]["input_schema"]
+    action = sent["properties"]["actions"]["items"]["anyOf"][0]
+    assert action["properties"]["name"] == {"enum": ["store_map"]}  # no type beside enum
+    sent_args = action["properties"]["args"]["properties"]
+    assert sent_args["day"]["format"] == "date"  # in the SDK's list: kept
+    assert "minItems" not in sent_args["tags"] and "format" not in sent_args["tags"]["items"]
+    # an open mapping stays open: a forced tool call takes any JSON schema
+    assert sent_args["values"]["additionalProperties"] == {"type": "integer"}
+
+
+def tool_reply(data: dict, stop: str = "tool_use") -> dict:
+    return {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+            "content": [{"type": "tool_use", "id": "t1", "name": "step", "input": data}],
+            "stop_reason": stop, "stop_sequence": None,
+            "usage": {"input_tokens": 9, "output_tokens": 4}}
+
+
+def tool_streamed(data: dict, size: int = 7, stop: str = "tool_use") -> Reply:
+    text = json.dumps(data)
+    start = {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 30, "output_tokens": 1}}}
+    events = [sse(start, "message_start"),
+              sse({"type": "content_block_start", "index": 0, "content_block": {
+                  "type": "tool_use", "id": "t1", "name": "step", "input": {}}},
+                  "content_block_start")]
+    for i in range(0, len(text), size):
+        events.append(sse({"type": "content_block_delta", "index": 0, "delta": {
+            "type": "input_json_delta", "partial_json": text[i:i + size]}},
+            "content_block_delta"))
+    events += [
+        sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        sse({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+             "usage": {"output_tokens": 12}}, "message_delta"),
+        sse({"type": "message_stop"}, "message_stop"),
+    ]
+    return Reply(events=events)
+
+
+async def test_the_forced_step_call_is_the_reply_streamed_or_not(server):
+    data = {"secure": True, "response": "from the tool", "actions": []}
+    server.script(Reply(body=tool_reply(data)), tool_streamed(data))
+    llm = make(server)
+    whole = await llm.generate(MESSAGES, schema=step_schema([], True))
+    pieces = [p async for p in llm.stream(MESSAGES, schema=step_schema([], True))]
+    await llm.close()
+    assert json.loads(whole.text) == data and not whole.truncated
+    assert len(pieces) > 3 and json.loads("".join(pieces[:-1])) == data
+    assert json.loads(pieces[-1].text) == data
 
 
 async def test_401_and_404_are_clear_and_not_retried(server):
@@ -199,3 +259,43 @@ async def test_agent_run_with_a_tool_end_to_end(server, store, db):
     sent = server.requests[1].body["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert "TOOL RESULT add" in sent[-1]["content"] and "5" in sent[-1]["content"]
+
+
+async def test_an_overloaded_error_event_inside_a_stream_is_retried(server, store):
+    answer = {"secure": True, "objective": "o", "understanding": "", "approach": "",
+              "discoveries": "", "response": "fine"}
+    start = {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 1}}}
+    overloaded = Reply(events=[sse(start, "message_start"), sse(
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        "error")])
+    server.script(overloaded, tool_streamed(answer))
+    llm = make(server)
+    async with Agent(llm=llm, store=store) as agent:
+        stream = agent.stream("hi", user_id="eve")
+        events = [event async for event in stream]
+    await llm.close()
+    assert stream.result.stop_reason == "completed" and stream.result.response == "fine"
+    [retry] = [event for event in events if event.type == "retry"]
+    assert "Overloaded" in retry.reason and "HTTP 529" in retry.reason
+    assert len(server.requests) == 2
+
+
+async def test_options_reach_the_wire_and_a_max_tokens_stop_is_reasked_higher(server, store):
+    answer = {"secure": True, "objective": "o", "understanding": "", "approach": "",
+              "discoveries": "", "response": "fine"}
+    server.script(streamed('{"secure": true, "objec', stop="max_tokens"),
+                  tool_streamed(answer))
+    llm = make(server, temperature=0, max_tokens=64, extra_body={"top_k": 5})
+    async with Agent(llm=llm, store=store) as agent:
+        stream = agent.stream("hi", user_id="eve")
+        events = [event async for event in stream]
+    await llm.close()
+    assert stream.result.stop_reason == "completed"
+    [invalid] = [event for event in events if event.type == "error"]
+    assert "cut off at the output token limit (64 tokens)" in invalid.message
+    bodies = [request.body for request in server.requests]
+    assert [body["max_tokens"] for body in bodies] == [64, 128]
+    assert all(body["temperature"] == 0 and body["top_k"] == 5 for body in bodies)

@@ -73,7 +73,7 @@ async def test_generate_sends_system_instruction_schema_and_merged_contents(serv
     assert reply.text == '{"response": "hi"}'
     assert (reply.usage.input_tokens, reply.usage.output_tokens) == (12, 10)  # thoughts count
     sent = server.requests[0]
-    assert sent.path.endswith("/models/gemini-test:generateContent")
+    assert sent.path == "/v1beta/models/gemini-test:generateContent"  # response_json_schema
     assert sent.headers["x-goog-api-key"] == "g-key"
     body = sent.body
     assert body["systemInstruction"]["parts"][0]["text"] == "context"
@@ -151,3 +151,15 @@ async def test_agent_run_end_to_end(server, store, db):
     rows = db.execute("SELECT role, content FROM conversation_messages ORDER BY seq").fetchall()
     assert rows == [("user", "hello?"), ("assistant", "Gemini says hi")]
     assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (0,)
+
+
+async def test_api_version_is_chosen_by_option_or_environment(server, monkeypatch):
+    server.script(Reply(body=reply_body("{}")), Reply(body=reply_body("{}")))
+    llm = make(server, api_version="v1")
+    await llm.generate([{"role": "user", "content": "hi"}])
+    await llm.close()
+    monkeypatch.setenv("GOOGLE_GENAI_API_VERSION", "v1alpha")
+    llm = make(server)
+    await llm.generate([{"role": "user", "content": "hi"}])
+    await llm.close()
+    assert [r.path.split("/")[1] for r in server.requests] == ["v1", "v1alpha"]

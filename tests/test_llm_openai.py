@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import time
 
@@ -11,6 +12,8 @@ from fakeserver import FakeServer, Reply, sse
 from cogency import Agent
 from cogency.errors import (
     AuthenticationError,
+    ContextLengthError,
+    LLMError,
     LLMTimeoutError,
     ModelNotFoundError,
     RateLimitError,
@@ -60,6 +63,7 @@ def server():
 
 def make(server: FakeServer, **options) -> OpenAILLM:
     options.setdefault("retry_delay", 0.01)
+    options.setdefault("context_window", 128_000)  # given: the fake is not asked for it
     return OpenAILLM("test-model", base_url=server.url + "/v1", api_key="sk-test", **options)
 
 
@@ -267,3 +271,118 @@ async def test_agent_rate_limit_retries_stay_bounded(server, store):
     await llm.close()
     assert result.stop_reason == "error"
     assert len(server.requests) == 3  # the adapter's 3 attempts, not 3 × the agent's 3
+
+
+# -- what a real server cannot be made to do: errors mid-stream, dates, hangs ------------------
+
+ANSWER = {"secure": True, "objective": "o", "understanding": "", "approach": "",
+          "discoveries": "", "response": "fine", "actions": []}
+
+
+async def test_an_error_inside_a_stream_is_mapped_retried_and_reported(server, store):
+    # 200 OK, then `data: {"error": …}` before any text: retried like an HTTP 500
+    server.script(Reply(events=[sse({"error": {"message": "model overloaded",
+                                                "type": "server_error"}})]),
+                  streamed(json.dumps(ANSWER)))
+    llm = make(server)
+    async with Agent(llm=llm, store=store) as agent:
+        stream = agent.stream("hi", user_id="eve")
+        events = [event async for event in stream]
+    await llm.close()
+    assert stream.result.stop_reason == "completed"
+    [retry] = [event for event in events if event.type == "retry"]
+    assert retry.attempt == 1 and 0 < retry.delay <= 0.01
+    assert "model overloaded" in retry.reason and "HTTP 500" in retry.reason
+    assert len(server.requests) == 2
+
+
+async def test_an_error_after_text_was_shown_is_mapped_not_retried(server):
+    server.script(Reply(events=[chunk('{"resp'), sse({"error": {"message": "boom"}})]))
+    llm = make(server)
+    with pytest.raises(LLMError, match="boom.*after part of the reply was shown") as caught:
+        async for _ in llm.stream(MESSAGES):
+            pass
+    await llm.close()
+    assert type(caught.value) is LLMError  # ours, not a raw openai.APIError
+    assert len(server.requests) == 1
+
+
+async def test_retry_after_as_an_http_date_is_honoured(server, store):
+    when = email.utils.formatdate(time.time() + 2, usegmt=True)
+    server.script(Reply(429, {"error": {"message": "slow"}}, headers={"retry-after": when}),
+                  streamed(json.dumps(ANSWER)))
+    llm = make(server)
+    async with Agent(llm=llm, store=store) as agent:
+        events = [event async for event in agent.stream("hi", user_id="eve")]
+    await llm.close()
+    [retry] = [event for event in events if event.type == "retry"]
+    assert 0.5 < retry.delay <= 2.0 and "HTTP 429" in retry.reason
+
+
+async def test_a_hanging_server_costs_at_most_total_timeout(server):
+    server.script(*[Reply(body=completion("late"), delay=5)] * 10)
+    llm = make(server, timeout=0.4, total_timeout=1.0, max_retries=10, retry_delay=0.01)
+    started = time.monotonic()
+    with pytest.raises(LLMTimeoutError, match="total_timeout=1"):
+        await llm.generate(MESSAGES)
+    await llm.close()
+    assert time.monotonic() - started < 1.5
+    assert 2 <= len(server.requests) <= 3  # attempts cut to what was left, not 10 × 0.4 s
+
+
+async def test_a_reply_cut_off_at_max_tokens_is_reasked_with_twice_the_cap(server, store):
+    cut = json.dumps(ANSWER)[:30]
+    server.script(Reply(events=[chunk(cut), chunk(finish="length"), sse("[DONE]")]),
+                  streamed(json.dumps(ANSWER)))
+    llm = make(server, max_tokens=50)
+    async with Agent(llm=llm, store=store) as agent:
+        stream = agent.stream("hi", user_id="eve")
+        events = [event async for event in stream]
+    await llm.close()
+    assert stream.result.stop_reason == "completed"
+    [invalid] = [event for event in events if event.type == "error"]
+    assert "cut off at the output token limit (50 tokens)" in invalid.message
+    assert [r.body["max_tokens"] for r in server.requests] == [50, 100]
+    assert llm.max_tokens == 50
+
+
+def models(*entries: dict) -> Reply:
+    return Reply(body={"object": "list", "data": list(entries)})
+
+
+async def test_the_context_window_is_asked_from_vllm_and_ollama(server):
+    # vLLM: /v1/models carries max_model_len
+    server.script(models({"id": "other", "max_model_len": 1}, {"id": "m", "max_model_len": 32768}))
+    vllm = OpenAILLM("m", base_url=server.url + "/v1")
+    await vllm.start()
+    await vllm.close()
+    assert vllm.context_window == 32768
+    # Ollama: /v1/models says nothing, /props is not there, /api/show has the model's info
+    server.script(models({"id": "llama3.2", "object": "model"}),
+                  Reply(404, {"error": "not found"}),
+                  Reply(body={"parameters": "stop \"<|eot_id|>\"\nnum_ctx 16384",
+                              "model_info": {"llama.context_length": 131072}}))
+    ollama = OpenAILLM("llama3.2", base_url=server.url + "/v1")
+    await ollama.start()
+    await ollama.close()
+    assert ollama.context_window == 16384  # what Ollama serves with, not the model's maximum
+    paths = [(r.method, r.path) for r in server.requests]
+    assert paths == [("GET", "/v1/models"), ("GET", "/v1/models"), ("GET", "/props"),
+                     ("POST", "/api/show")]
+    assert server.requests[-1].body == {"model": "llama3.2"}
+    # given explicitly: nothing is asked
+    given = OpenAILLM("m", base_url=server.url + "/v1", context_window=2048)
+    await given.start()
+    await given.close()
+    assert given.context_window == 2048 and len(server.requests) == 4
+
+
+async def test_vllm_s_context_400_is_a_context_length_error(server):
+    text = ("This model's maximum context length is 2048 tokens. However, you requested "
+            "5000 tokens (4000 in the messages, 1000 in the completion).")
+    server.script(Reply(400, {"object": "error", "message": text, "type": "BadRequestError"}))
+    llm = make(server)
+    with pytest.raises(ContextLengthError) as caught:
+        await llm.generate(MESSAGES)
+    await llm.close()
+    assert caught.value.window == 2048 and len(server.requests) == 1

@@ -294,9 +294,14 @@ async def test_history_is_windowed_to_the_token_budget_and_never_lost(any_store,
     assert [m["seq"] for m in later.execution.messages] == [10, 11, 12]
 
     resumed = await State.continue_task(
-        first.task_id, "alice", store=any_store, history_tokens=sum(tokens[-5:])
+        later.task_id, "alice", store=any_store, history_tokens=sum(tokens[-5:])
     )
     assert [m["content"] for m in resumed.execution.messages] == texts[-5:]
+    # A task's own messages are never windowed away: all twelve are `first`'s (issue 19).
+    own = await State.continue_task(
+        first.task_id, "alice", store=any_store, history_tokens=sum(tokens[-5:])
+    )
+    assert [m["content"] for m in own.execution.messages] == texts
 
     # A zero budget loads nothing; the default budget loads everything here.
     empty = await State.start_task("x", "alice", conversation_id, store=any_store,

@@ -170,3 +170,24 @@ def test_the_decorated_tool_is_a_tool_for_the_agent():
         Agent(llm=ScriptedLLM([]), tools=[plain], store=":memory:")  # type: ignore[list-item]
     with pytest.raises(UsageError, match="unique"):
         Agent(llm=ScriptedLLM([]), tools=[forecast, forecast], store=":memory:")
+
+
+async def test_dense_output_is_cut_by_tokens_too():
+    from cogency.tokens import count_tokens
+
+    @tool
+    def digits() -> str:
+        """Dense text: one token a character."""
+        return "1." * 9_000
+
+    @tool
+    def fails() -> str:
+        """Raises with a huge message."""
+        raise ValueError("9," * 50_000)
+
+    result = await run_tool(digits, "digits", {})
+    kept = result["output"].rsplit("\n…[cut: ", 1)[0]
+    assert 5_000 < count_tokens(kept) <= 6_000  # 18,000 characters would be 18,000 tokens
+    assert result["output"].endswith(f"[cut: {18_000 - len(kept)} more characters]")
+    error = (await run_tool(fails, "fails", {}))["error"]
+    assert error.startswith("ValueError: 9,9,") and count_tokens(error) < 6_100

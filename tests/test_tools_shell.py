@@ -216,7 +216,8 @@ async def test_the_sandbox_shows_only_the_root_and_a_minimal_system(tmp_path) ->
             "|| echo NO-SOCKET; "
             "for p in /run /var/run /home /root /etc/postgresql /etc/shadow /var/lib; do "
             "test -e $p && echo VISIBLE $p; done; "
-            "test -r /etc/passwd && echo PASSWD; echo ok > /tmp/scratch && cat /tmp/scratch"
+            "test -r /etc/passwd && echo PASSWD; echo ok > /tmp/scratch && cat /tmp/scratch; "
+            "grep CapEff /proc/self/status"
         ))
     finally:
         service.close()
@@ -228,6 +229,7 @@ async def test_the_sandbox_shows_only_the_root_and_a_minimal_system(tmp_path) ->
     assert "NO-SOCKET" in out and "CONNECTED" not in out
     assert "VISIBLE" not in out
     assert "PASSWD" in out and "\nok" in out
+    assert "CapEff:\t0000000000000000" in out  # root in the sandbox holds no capability
 
 
 @needs_sandbox

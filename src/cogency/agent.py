@@ -11,17 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ._json import dumps
-from .context import Budgets, build_context, chat_messages, system_prompt
-from .errors import LeaseLostError, LLMError, StoreLockedError, UsageError
-from .events import Action, End, Error, Event, Reason, Response, Result, Start, Token
-from .llm.base import LLM, Usage
+from .context import Budgets, build_context, check_query_fits, prompt_messages, system_prompt
+from .errors import ContextLengthError, LeaseLostError, LLMError, StoreLockedError, UsageError
+from .events import Action, End, Error, Event, Reason, Response, Result, Retry, Start, Token
+from .llm.base import LLM, Usage, retries_reported_to
 from .llm.resolve import resolve_llm
 from .memory.memory import Memory, interaction_of
 from .reason import reason
+from .state.execution import Execution
 from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, check_id
 from .storage import open_store
 from .storage.base import Store, new_runner
 from .tokens import count_tokens
+from .state.workspace import Workspace
 from .tools.base import Tool, Toolset, hide_store_files, run_tools
 
 _log = logging.getLogger(__name__)
@@ -147,7 +149,7 @@ class Agent:
             )
             return state, False
 
-        return self._drive(open_task)
+        return self._drive(open_task, query)
 
     def resume_stream(self, task_id: str, user_id: str = "default") -> AsyncIterator[Event]:
         """Continue an unfinished task, yielding its events as they happen."""
@@ -235,19 +237,25 @@ class Agent:
         return result
 
     def _drive(
-        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]]
+        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], query: str | None = None
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
-        return _EventStream(lambda emit: self._execute(open_task, emit), self)
+        return _EventStream(lambda emit: self._execute(open_task, emit, query), self)
 
     async def _execute(
         self,
         open_task: Callable[[str], Awaitable[tuple[State, bool]]],
         emit: Callable[[Event], None],
+        query: str | None = None,
     ) -> AgentResult:
+        await self.llm.start()  # e.g. learn the context window from the server
+        window = self.llm.context_window
         runner = new_runner()
         tools = await self._tools_for_run()
+        if query is not None:
+            # Before anything is stored: a query that can never fit is the caller's to fix.
+            self._check_fits(query, window, tools)
         state, resumed = await open_task(runner)
         ex, usage, error = state.execution, Usage(), None
         task = state.task_id
@@ -269,7 +277,13 @@ class Agent:
                 if not stored:  # begun by State.start_task alone: the query is not stored yet
                     add_message(state, "user", state.query)
                     await save()
-            memory = await self.memory.activate(state.user_id) if self.memory else ""
+            memory, generation = "", 0
+            if self.memory is not None:
+                # Read before anything of this run is learnable: a forget from here on (any
+                # process) keeps this run's learning from being stored. One that came between
+                # opening the task and here erased its rows, so the run cannot complete.
+                generation = await self.memory.generation(state.user_id)
+                memory = await self.memory.activate(state.user_id)
             while True:
                 if ex.iteration >= ex.max_iterations:
                     ex.stop_reason = "max_iterations"
@@ -282,23 +296,33 @@ class Agent:
                     self.identity,
                     first,
                 )
-                # Tokens never outnumber UTF-8 bytes: when that bound leaves room for the whole
-                # history, counting the prompt (~250 µs a call) cannot change what is sent.
-                room = self.llm.context_window - self.budgets.output
-                history = chat_messages(ex.messages, room - len(system.encode()))
-                if len(history) < len(ex.messages):
-                    history = chat_messages(ex.messages, room - count_tokens(system))
-                step, spent = await reason(
-                    self.llm,
-                    [{"role": "system", "content": system}, *history],
-                    tools,
-                    first_iteration=first,
-                    on_token=lambda text: emit(Token(task, text)),
-                    on_invalid=lambda message: emit(Error(task, f"invalid reply: {message}")),
-                    invalid_retries=self.invalid_retries,
-                    llm_retries=self.llm_retries,
-                    retry_delay=self.retry_delay,
-                )
+                for trimmed in (False, True):
+                    try:
+                        with retries_reported_to(
+                            lambda attempt, delay, why: emit(Retry(task, attempt, delay, why))
+                        ):
+                            step, spent = await reason(
+                                self.llm,
+                                prompt_messages(system, ex.messages, task, window,
+                                                self.budgets.output),
+                                tools,
+                                first_iteration=first,
+                                on_token=lambda text: emit(Token(task, text)),
+                                on_invalid=lambda message: emit(
+                                    Error(task, f"invalid reply: {message}")),
+                                invalid_retries=self.invalid_retries,
+                                llm_retries=self.llm_retries,
+                                retry_delay=self.retry_delay,
+                            )
+                        break
+                    except ContextLengthError as exc:
+                        if trimmed:
+                            raise
+                        # The server's window is smaller than we knew (or counts tokens its
+                        # own way): trim to what it says, with a margin, and ask once more.
+                        window = int(min(exc.window or window, window) * 0.85)
+                        emit(Retry(task, 1, 0.0, f"{exc}; trimming the prompt to {window:,} "
+                                                 "tokens"))
                 usage = usage + spent
                 if step is None:
                     ex.stop_reason = "invalid_response"
@@ -368,7 +392,7 @@ class Agent:
             emit(Response(task, ex.response))
         if self.memory is not None and ex.stop_reason == "completed":
             # In the background: the answer never waits for learning; close() settles it.
-            self.memory.learn_later(state.user_id, interaction_of(state))
+            self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
         emit(End(task, ex.stop_reason or "error", ex.iteration))
         return AgentResult(
             response=ex.response,
@@ -380,6 +404,19 @@ class Agent:
             error=error,
             security_assessment=state.security_assessment,
         )
+
+    def _check_fits(self, query: str, window: int, tools: dict[str, Tool]) -> None:
+        """Raise ContextWindowError if ``query`` cannot fit ``window`` with the first system
+        message (the memory, unknown yet, is left out: the loop checks again with it)."""
+        if len(query.encode()) < window // 2:
+            return  # tokens never outnumber bytes: it fits, whatever the count
+        system = system_prompt(
+            build_context("", Workspace(objective=query), Execution(max_iterations=1),
+                          list(tools.values()), self.budgets),
+            self.identity, True,
+        )
+        check_query_fits(count_tokens(query), count_tokens(system) + 8, window,
+                         self.budgets.output)
 
     async def _tools_for_run(self) -> dict[str, Tool]:
         """The agent's tools and its toolsets' (an MCP server's, started on first use)."""
@@ -413,16 +450,14 @@ class Agent:
         if saving is not None:
             await asyncio.wait([saving])  # if it failed, the save below retries it
         try:
-            if not write:
-                pass
-            elif state.execution.stop_reason in ("completed", "security"):
+            if write and state.execution.stop_reason in ("completed", "security"):
                 await state.complete_task()  # which lets the task go: nothing to release
                 return
-            else:
+            if write:
                 await autosave(state)
-        except LeaseLostError:
-            raise  # the task is another runner's now
         except BaseException:
+            # Also after LeaseLostError: a release names this runner, so it never frees the
+            # task from the runner that holds it now.
             await self.store.release_task(state.task_id, runner)
             raise
         await self.store.release_task(state.task_id, runner)

@@ -42,6 +42,8 @@ OUTPUT_CHARS = 400
 """A tool's output is cut to this on screen (the model and the database get all of it)."""
 MAX_QUERY_BYTES = 16 * 1024 * 1024
 """The most a query read from standard input may hold."""
+LOAD_NOTICE = 0.5
+"""Seconds a model may take to get ready before the command says it is loading it."""
 WAIT_NOTICE = 10.0
 """Seconds without any event before the command says what it is still waiting for."""
 
@@ -276,14 +278,7 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         llm = args.llm if args.llm is not None else stored.get("llm")
         mcp = args.mcp if args.mcp is not None else stored.get("mcp")
         async with _agent(args, store, llm, tools, root, mcp, memory=not args.no_memory) as agent:
-            start = getattr(agent.llm, "start", None)
-            if start is not None:  # the offline model: fetch and load it before the run
-                print(f"loading the model ({visible(agent.llm.name)})…", file=sys.stderr,
-                      flush=True)
-                began = time.monotonic()
-                await start()
-                print(f"model loaded in {time.monotonic() - began:.1f} s", file=sys.stderr,
-                      flush=True)
+            await _start_model(agent.llm)
             if resuming:
                 events = agent.resume_stream(args.task_id, args.user)
             else:
@@ -300,6 +295,19 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         return code
     finally:
         await store.close()
+
+
+async def _start_model(llm: Any) -> None:
+    """Get the model ready before the run; say so when that takes a while (the offline model
+    loads, or is fetched the first time), so the screen is never blank meanwhile."""
+    began = time.monotonic()
+    starting = asyncio.ensure_future(llm.start())
+    done, _ = await asyncio.wait({starting}, timeout=LOAD_NOTICE)
+    if not done:
+        print(f"loading the model ({visible(llm.name)})…", file=sys.stderr, flush=True)
+        await starting
+        print(f"model loaded in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+    starting.result()
 
 
 async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:

@@ -2,11 +2,13 @@
 
     CogencyError
     ├── UsageError            you called something wrongly (also a ValueError)
-    │   └── ConfigurationError  something must be installed or set first
+    │   ├── ConfigurationError  something must be installed or set first
+    │   └── ContextWindowError  the query cannot fit the model's context window
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
-    │   └── TaskRunningError    the task is being run by another runner
-    │       └── LeaseLostError    this runner's hold on its task was taken over or released
+    │   ├── TaskRunningError    the task is being run by another runner
+    │   │   └── LeaseLostError    this runner's hold on its task was taken over or released
+    │   └── ForgottenError      the user was forgotten after this learning began
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
@@ -14,7 +16,7 @@
     │       └── StoreLockedError  a lock stayed held past the timeout
     ├── LLMError              the model call failed
     │   ├── AuthenticationError, RateLimitError, LLMTimeoutError,
-    │   ├── ModelNotFoundError, RefusalError
+    │   ├── ModelNotFoundError, RefusalError, ContextLengthError
     │   ├── InvalidResponseError  the reply breaks the JSON contract
     │   └── ScriptExhaustedError  a ScriptedLLM ran out of replies
     └── ToolError             a tool is defined or called wrongly
@@ -53,6 +55,17 @@ class TaskRunningError(ConflictError):
 class LeaseLostError(TaskRunningError):
     """This runner no longer holds its task (another runner took it over, or it was released
     by force): the run stops and writes nothing more."""
+
+
+class ForgottenError(ConflictError):
+    """The user was forgotten after this learning began, so nothing of it is stored."""
+
+    def __init__(self, user_id: str) -> None:
+        super().__init__(
+            f"user {user_id!r} was forgotten after this learning began: nothing learned "
+            "before a forget is stored"
+        )
+        self.user_id = user_id
 
 
 class StorageError(CogencyError):
@@ -98,6 +111,22 @@ class ModelNotFoundError(LLMError):
     """The provider does not know the model name."""
 
 
+class ContextLengthError(LLMError):
+    """The provider rejected a prompt longer than its context window.
+
+    ``window`` is the window the provider reported, when it said.
+    """
+
+    window: int | None = None
+
+
+class ContextWindowError(UsageError):
+    """The task's query cannot fit the model's context window with the system message.
+
+    Raised before any model call; the message names both sizes.
+    """
+
+
 class RefusalError(LLMError):
     """The provider refused to produce output."""
 
@@ -123,6 +152,8 @@ __all__ = [
     "CogencyError",
     "ConfigurationError",
     "ConflictError",
+    "ContextLengthError",
+    "ContextWindowError",
     "CorruptDataError",
     "InvalidResponseError",
     "LLMError",

@@ -67,6 +67,20 @@ class Response(Event):
 
 
 @dataclass
+class Retry(Event):
+    """A model call failed in a way worth retrying; the next attempt starts after ``delay``.
+
+    ``attempt`` counts retries of that call from 1; ``reason`` says what failed (a rate
+    limit, a server error, a timeout, a reply cut off at the token limit...).
+    """
+
+    type: ClassVar[str] = "retry"
+    attempt: int = 0
+    delay: float = 0.0
+    reason: str = ""
+
+
+@dataclass
 class Error(Event):
     """Something went wrong; ``fatal`` when it ends the run."""
 
@@ -82,4 +96,5 @@ class End(Event):
     iterations: int = 0
 
 
-__all__ = ["Action", "End", "Error", "Event", "Reason", "Response", "Result", "Start", "Token"]
+__all__ = ["Action", "End", "Error", "Event", "Reason", "Response", "Result", "Retry", "Start",
+           "Token"]

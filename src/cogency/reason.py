@@ -12,13 +12,14 @@ from typing import Any
 from .errors import (
     AuthenticationError,
     ConfigurationError,
+    ContextLengthError,
     InvalidResponseError,
     LLMError,
     ModelNotFoundError,
     ScriptExhaustedError,
     ToolArgumentError,
 )
-from .llm.base import LLM, Completion, Message, Usage
+from .llm.base import LLM, Completion, Message, Usage, report_retry
 from .state.workspace import WORKSPACE_FIELDS
 from .tools.base import Tool
 
@@ -69,28 +70,51 @@ async def reason(
     """Ask the model for the next step; ``None`` if every reply broke the contract.
 
     An invalid reply is sent back with the error and a schema reminder, at most
-    ``invalid_retries`` times. A failing model call is retried with backoff (``llm_retries``);
-    then its :class:`~cogency.errors.LLMError` propagates.
+    ``invalid_retries`` times; a reply cut off at the output token limit is reported as such
+    and asked again with twice the limit (where the model has one to raise). A failing model
+    call is retried with backoff (``llm_retries``); then its
+    :class:`~cogency.errors.LLMError` propagates.
     """
     usage = Usage()
     schema = step_schema(list(tools.values()), first_iteration)
+    model = llm
     for _ in range(invalid_retries + 1):
-        completion = await _complete(llm, messages, schema, on_token, llm_retries, retry_delay)
+        completion = await _complete(model, messages, schema, on_token, llm_retries, retry_delay)
         usage = usage + completion.usage
         try:
             return parse_step(completion.text, tools), usage
         except InvalidResponseError as exc:
-            on_invalid(str(exc))
+            problem = str(exc)
+            if completion.truncated:
+                problem, model = _cut_off(model, completion, problem)
+            on_invalid(problem)
             # A new list each time: ScriptedLLM.calls keeps the lists it was sent.
             messages = [
                 *messages,
                 {"role": "assistant", "content": completion.text},
-                {"role": "user", "content": correction(str(exc), first_iteration)},
+                {"role": "user", "content": correction(problem, first_iteration)},
             ]
     return None, usage
 
 
-_NOT_RETRYABLE = (AuthenticationError, ModelNotFoundError, ConfigurationError, ScriptExhaustedError)
+def _cut_off(model: LLM, completion: Completion, problem: str) -> tuple[str, LLM]:
+    """What to say about a reply cut off at the token limit, and the model to ask next."""
+    limit = getattr(model, "max_tokens", None) or completion.usage.output_tokens or 0
+    said = (f"the reply was cut off at the output token limit ({limit:,} tokens) before its "
+            f"JSON was complete ({problem}); keep every field shorter") if limit else (
+            f"the reply was cut off at the output token limit ({problem}); keep every field "
+            "shorter")
+    if limit:
+        raised = model.with_output_limit(min(limit * 2, max(model.context_window // 2, limit)))
+        if raised is not None:
+            return said, raised
+    return said, model
+
+
+_NOT_RETRYABLE = (
+    AuthenticationError, ModelNotFoundError, ConfigurationError, ScriptExhaustedError,
+    ContextLengthError,  # the agent trims the prompt and asks again
+)
 
 
 async def _complete(
@@ -119,7 +143,9 @@ async def _complete(
                 if isinstance(exc, LLMError):
                     raise
                 raise LLMError(f"{llm.name} failed: {type(exc).__name__}: {exc}") from exc
-            await asyncio.sleep(delay * 2**attempt)
+            wait = delay * 2**attempt
+            report_retry(attempt + 1, wait, f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(wait)
     raise AssertionError("unreachable")
 
 

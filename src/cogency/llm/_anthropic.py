@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +15,8 @@ from .base import Completion, Message, Usage
 ANTHROPIC_CONTEXT = 200_000
 DEFAULT_MAX_TOKENS = 4096
 """The Messages API requires a bound on the reply."""
+STEP_TOOL = "step"
+"""The tool whose forced call carries a structured reply."""
 
 
 class AnthropicLLM(ProviderLLM):
@@ -21,8 +24,12 @@ class AnthropicLLM(ProviderLLM):
 
     System messages go to the ``system`` field; consecutive messages of one role (tool
     results are user messages) are merged, since the API wants user and assistant to
-    alternate. The step schema goes to structured output (``output_config.format``) when it
-    fits Anthropic's subset; a model without structured output gets the prompt alone.
+    alternate. The step schema is enforced the way the Messages API reliably returns JSON: a
+    forced call of a ``step`` tool whose ``input_schema`` is the schema (in the subset the SDK
+    documents); its input is the reply. A server that ignores ``tool_choice`` (llama.cpp's
+    ``/v1/messages``) answers in text, which is taken as the reply and validated as usual.
+    ``temperature`` and ``extra_body`` go into the request body (the SDK has no parameter
+    for them).
     """
 
     provider = "anthropic"
@@ -34,6 +41,7 @@ class AnthropicLLM(ProviderLLM):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        extra_body: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         options.setdefault("context_window", ANTHROPIC_CONTEXT)
@@ -46,9 +54,11 @@ class AnthropicLLM(ProviderLLM):
                 "Anthropic needs an API key: set ANTHROPIC_API_KEY (or pass api_key=), "
                 "or use llm='local' to run offline"
             )
+        self.extra_body = extra_body or {}
         self._sdk = sdk
+        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
         self._client = sdk.AsyncAnthropic(
-            api_key=key, base_url=base_url, timeout=self.timeout, max_retries=0
+            api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0
         )
 
     async def close(self) -> None:
@@ -63,12 +73,19 @@ class AnthropicLLM(ProviderLLM):
         }
         if system:
             request["system"] = system
+        extra = dict(self.extra_body)
         if self.temperature is not None:
-            request["temperature"] = self.temperature
+            # The SDK's create() has no temperature parameter: it goes in the body as is.
+            extra["temperature"] = self.temperature
+        if extra:
+            request["extra_body"] = extra
         if schema is not None:
-            fitted = for_anthropic(schema)
-            if fitted is not None:
-                request["output_config"] = {"format": {"type": "json_schema", "schema": fitted}}
+            request["tools"] = [{
+                "name": STEP_TOOL,
+                "description": "Reply with the next step: call this with the reply object.",
+                "input_schema": for_anthropic(schema),
+            }]
+            request["tool_choice"] = {"type": "tool", "name": STEP_TOOL}
         return request
 
     async def _attempt(
@@ -78,36 +95,55 @@ class AnthropicLLM(ProviderLLM):
         if not stream:
             reply = await self._client.messages.create(**request)
             self._check_stop(reply.stop_reason)
-            text = "".join(
+            calls = [block.input for block in reply.content
+                     if getattr(block, "type", "") == "tool_use" and block.name == STEP_TOOL]
+            text = json.dumps(calls[0]) if calls else "".join(
                 block.text for block in reply.content if getattr(block, "type", "") == "text"
             )
-            yield Completion(text, _usage(reply.usage, None))
+            yield Completion(text, _usage(reply.usage, None),
+                             truncated=reply.stop_reason == "max_tokens")
             return
         events = await self._client.messages.create(**request, stream=True)
         parts: list[str] = []
         start_usage = None
         delta_usage = None
         stop_reason = None
+        in_call = False
         async with events:
             async for event in events:
                 kind = event.type
                 if kind == "message_start":
                     start_usage = event.message.usage
-                elif kind == "content_block_delta" and event.delta.type == "text_delta":
-                    parts.append(event.delta.text)
-                    yield event.delta.text
+                elif kind == "content_block_start":
+                    block = event.content_block
+                    if block.type == "tool_use" and block.name == STEP_TOOL and not in_call:
+                        in_call, parts = True, []  # the step's input is the reply, not prose
+                elif kind == "content_block_delta":
+                    piece = _delta_text(event.delta, in_call)
+                    if piece:
+                        parts.append(piece)
+                        yield piece
                 elif kind == "message_delta":
                     delta_usage = event.usage
                     stop_reason = event.delta.stop_reason or stop_reason
         self._check_stop(stop_reason)
-        yield Completion("".join(parts), _usage(start_usage, delta_usage))
+        yield Completion("".join(parts), _usage(start_usage, delta_usage),
+                         truncated=stop_reason == "max_tokens")
 
     def _check_stop(self, stop_reason: str | None) -> None:
         if stop_reason == "refusal":
             raise RefusalError(f"{self.name} refused to answer (stop_reason 'refusal')")
 
     def _failure(self, exc: Exception) -> Failure | None:
-        return self._sdk_failure(exc, "Anthropic")
+        return self._sdk_failure(exc, self.base_url or "Anthropic (api.anthropic.com)")
+
+
+def _delta_text(delta: Any, in_call: bool) -> str:
+    """The reply text a delta carries: the step tool's JSON once it began, else prose."""
+    if in_call:
+        return str(getattr(delta, "partial_json", "") or "") \
+            if delta.type == "input_json_delta" else ""
+    return str(delta.text or "") if delta.type == "text_delta" else ""
 
 
 def split_system(messages: list[Message]) -> tuple[str, list[dict[str, str]]]:

@@ -19,7 +19,9 @@ class GeminiLLM(ProviderLLM):
     """A Gemini model. ``api_key`` defaults to ``$GEMINI_API_KEY``, then ``$GOOGLE_API_KEY``.
 
     System messages go to ``system_instruction``; the step schema to ``response_json_schema``
-    (in the subset Gemini documents). ``base_url`` points the SDK at another endpoint.
+    (in the subset Gemini documents). ``base_url`` points the SDK at another endpoint (a
+    LiteLLM proxy, a gateway) and ``api_version`` chooses the API version (``"v1beta"``, which
+    ``response_json_schema`` needs, unless ``$GOOGLE_GENAI_API_VERSION`` says otherwise).
     """
 
     provider = "gemini"
@@ -31,6 +33,7 @@ class GeminiLLM(ProviderLLM):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        api_version: str | None = None,
         **options: Any,
     ) -> None:
         options.setdefault("context_window", GEMINI_CONTEXT)
@@ -47,6 +50,9 @@ class GeminiLLM(ProviderLLM):
         options_: dict[str, Any] = {"timeout": int(self.timeout * 1000)}  # milliseconds; no SDK retries
         if base_url:
             options_["base_url"] = base_url
+        self.base_url = base_url
+        self.api_version = api_version or os.environ.get("GOOGLE_GENAI_API_VERSION") or "v1beta"
+        options_["api_version"] = self.api_version
         self._client = genai.Client(
             api_key=key, http_options=self._types.HttpOptions(**options_)
         )
@@ -90,19 +96,22 @@ class GeminiLLM(ProviderLLM):
         if not stream:
             reply = await models.generate_content(**request)
             self._check_blocked(reply)
-            yield Completion(_text(reply), _usage(reply.usage_metadata))
+            yield Completion(_text(reply), _usage(reply.usage_metadata),
+                             truncated=_finish(reply) == "MAX_TOKENS")
             return
         parts: list[str] = []
         usage = Usage(calls=1)
+        finish = ""
         async for chunk in await models.generate_content_stream(**request):
             self._check_blocked(chunk)
+            finish = _finish(chunk) or finish
             text = _text(chunk)
             if text:
                 parts.append(text)
                 yield text
             if chunk.usage_metadata is not None:
                 usage = _usage(chunk.usage_metadata)
-        yield Completion("".join(parts), usage)
+        yield Completion("".join(parts), usage, truncated=finish == "MAX_TOKENS")
 
     def _check_blocked(self, reply: Any) -> None:
         feedback = getattr(reply, "prompt_feedback", None)
@@ -124,8 +133,16 @@ class GeminiLLM(ProviderLLM):
         if names & {"TimeoutException", "ServerTimeoutError"}:
             return self._timeout_failure()
         if names & {"TransportError", "ClientConnectionError"}:
-            return self._status_failure(None, f"cannot connect to Gemini ({exc})")
+            where = self.base_url or "Gemini (generativelanguage.googleapis.com)"
+            return self._status_failure(None, f"cannot connect to {where} ({exc})")
         return None
+
+
+def _finish(reply: Any) -> str:
+    for candidate in (reply.candidates or [])[:1]:
+        if candidate.finish_reason:
+            return _name(candidate.finish_reason)
+    return ""
 
 
 def _text(reply: Any) -> str:

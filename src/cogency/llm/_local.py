@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 import tempfile
-import urllib.request
 import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import ConfigurationError, LLMError
-from ._openai import OpenAILLM
+from ._openai import OpenAILLM, server_context_window
 from ._provider import DEFAULT_TIMEOUT, ProviderLLM, require
 from ._schema import bounded
 from .base import Completion, Message
@@ -224,13 +222,7 @@ class LocalLLM(OpenAILLM):
         )
 
     def _server_context(self) -> int | None:
-        url = str(self.base_url).removesuffix("/v1") + "/props"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as reply:
-                props = json.load(reply)
-            return int(props["default_generation_settings"]["n_ctx"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return server_context_window(str(self.base_url), self.model)
 
     async def generate(
         self, messages: list[Message], *, schema: dict[str, Any] | None = None

@@ -3,7 +3,11 @@ server, OpenRouter, Groq…), on the official ``openai`` SDK (extra: ``cogency[o
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import os
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +17,10 @@ from ._schema import for_openai
 from .base import Completion, Message, Usage
 
 OPENAI_CONTEXT = 128_000
+MAX_PROBE_BYTES = 1 << 20
+"""A server's answer about its window is read up to this size (it could send anything)."""
+
+log = logging.getLogger("cogency.llm")
 
 
 class OpenAILLM(ProviderLLM):
@@ -22,6 +30,10 @@ class OpenAILLM(ProviderLLM):
     when ``base_url`` is given). With the official API the step schema is sent in OpenAI's
     strict subset; compatible servers get the full schema (llama.cpp, vLLM and Ollama turn
     it into a grammar, length bounds included).
+
+    ``context_window`` defaults to 128,000 for the official API; for another ``base_url``
+    the server is asked on the first call (llama.cpp's ``/props``, ``max_model_len`` from
+    vLLM's ``/v1/models``, Ollama's ``/api/show``), falling back to 128,000 with a warning.
     """
 
     provider = "openai"
@@ -39,12 +51,15 @@ class OpenAILLM(ProviderLLM):
     ) -> None:
         if provider:
             self.provider = provider
-        options.setdefault("context_window", OPENAI_CONTEXT)
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        official = base_url is None or "api.openai.com" in base_url
+        if official:
+            options.setdefault("context_window", OPENAI_CONTEXT)
         super().__init__(model, **options)
         sdk = require("openai", "openai")
-        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self.base_url = base_url
-        self.official = base_url is None or "api.openai.com" in base_url
+        self.official = official
+        self._probed = official or self.window_given
         key = api_key or os.environ.get("OPENAI_API_KEY")
         if not key:
             if self.official:
@@ -55,9 +70,23 @@ class OpenAILLM(ProviderLLM):
             key = "not-needed"  # local servers accept any key
         self.extra_body = extra_body or {}
         self._sdk = sdk
+        self._key = key
         self._client = sdk.AsyncOpenAI(
             api_key=key, base_url=base_url, timeout=self.timeout, max_retries=0
         )
+
+    async def start(self) -> None:
+        """Learn the context window from the server, once (see the class docstring)."""
+        if self._probed:
+            return
+        self._probed = True
+        found = await asyncio.to_thread(
+            server_context_window, str(self.base_url), self.model, self._key
+        )
+        if found is None:
+            log.warning("%s: the server did not say its context window; assuming %d tokens "
+                        "(pass context_window= to set it)", self.name, OPENAI_CONTEXT)
+        self.context_window = found or OPENAI_CONTEXT
 
     async def close(self) -> None:
         await self._client.close()
@@ -95,10 +124,10 @@ class OpenAILLM(ProviderLLM):
             usage = _usage(reply.usage)
             choice = reply.choices[0] if reply.choices else None
             message = choice.message if choice else None
-            self._check_refusal(
-                getattr(message, "refusal", None), choice.finish_reason if choice else None
-            )
-            yield Completion((message.content if message else None) or "", usage)
+            finish = choice.finish_reason if choice else None
+            self._check_refusal(getattr(message, "refusal", None), finish)
+            yield Completion((message.content if message else None) or "", usage,
+                             truncated=finish == "length")
             return
         chunks = await create(**request, stream=True, stream_options={"include_usage": True})
         parts: list[str] = []
@@ -118,7 +147,7 @@ class OpenAILLM(ProviderLLM):
                         refusal.append(delta.refusal)
                     finish = choice.finish_reason or finish
         self._check_refusal("".join(refusal) or None, finish)
-        yield Completion("".join(parts), usage)
+        yield Completion("".join(parts), usage, truncated=finish == "length")
 
     def _check_refusal(self, refusal: str | None, finish_reason: str | None) -> None:
         if refusal:
@@ -128,6 +157,61 @@ class OpenAILLM(ProviderLLM):
 
     def _failure(self, exc: Exception) -> Failure | None:
         return self._sdk_failure(exc, self.base_url or "api.openai.com")
+
+
+def server_context_window(base_url: str, model: str, key: str = "") -> int | None:
+    """The context window an OpenAI-compatible server reports for ``model``, if it does.
+
+    Blocking (run it in a thread); each question is bounded to a few seconds and 1 MB.
+    """
+    base = base_url.rstrip("/")
+    root = base.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def ask(url: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            url, data=data, headers={**headers, "Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=3) as reply:
+                return json.loads(reply.read(MAX_PROBE_BYTES))
+        except (OSError, ValueError):
+            return None
+
+    def positive(value: Any) -> int | None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        return int(value) if ok else None
+
+    listing = ask(f"{base}/models")
+    models = listing.get("data") if isinstance(listing, dict) else None
+    if isinstance(models, list):
+        entries = [m for m in models if isinstance(m, dict)]
+        mine = [m for m in entries if m.get("id") == model] or (entries if len(entries) == 1
+                                                                else [])
+        for entry in mine:
+            meta = entry.get("meta")
+            meta = meta if isinstance(meta, dict) else {}
+            for value in (entry.get("max_model_len"), meta.get("n_ctx"),
+                          entry.get("context_length"), entry.get("max_context_length")):
+                if (found := positive(value)) is not None:
+                    return found
+    props = ask(f"{root}/props")  # llama.cpp
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    if isinstance(settings, dict) and (found := positive(settings.get("n_ctx"))) is not None:
+        return found
+    shown = ask(f"{root}/api/show", {"model": model})  # Ollama
+    if isinstance(shown, dict):
+        for line in str(shown.get("parameters") or "").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "num_ctx" and value.strip().isdigit():
+                return int(value.strip())
+        info = shown.get("model_info")
+        if isinstance(info, dict):
+            for name, value in info.items():
+                if str(name).endswith(".context_length") and positive(value):
+                    return positive(value)
+    return None
 
 
 def _usage(usage: Any) -> Usage:

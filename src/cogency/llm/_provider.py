@@ -3,8 +3,9 @@
 An adapter implements one attempt (``_attempt``: the SDK call, yielding text pieces and then
 the :class:`Completion`) and says what an SDK exception means (``_failure``); this module
 retries rate limits, server errors and timeouts with exponential backoff, honouring
-``Retry-After``, under a per-call time limit. Errors leave here as :mod:`cogency.errors`
-types with ``retried=True``, so the agent does not retry them a second time.
+``Retry-After``, under a per-attempt time limit and a total one, and reports each retry
+(:func:`~cogency.llm.base.report_retry`, the agent's ``retry`` event). Errors leave here as
+:mod:`cogency.errors` types with ``retried=True``, so the agent does not retry them again.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import asyncio
 import email.utils
 import importlib
 import logging
+import copy
 import random
+import re
 import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping
@@ -23,17 +26,21 @@ from typing import Any
 from ..errors import (
     AuthenticationError,
     ConfigurationError,
+    ContextLengthError,
     LLMError,
     LLMTimeoutError,
     ModelNotFoundError,
     RateLimitError,
 )
-from .base import LLM, Completion, Message
+from .base import LLM, Completion, Message, report_retry
 
 log = logging.getLogger("cogency.llm")
 
 DEFAULT_TIMEOUT = 120.0
-"""Seconds one call may take (all of it, streamed or not) before it counts as timed out."""
+"""Seconds one attempt may take (all of it, streamed or not) before it counts as timed out."""
+DEFAULT_TOTAL_TIMEOUT = 180.0
+"""Seconds a call may take over all its attempts and waits: a server that hangs costs at most
+this, not ``timeout`` × attempts."""
 DEFAULT_RETRIES = 3
 MAX_RETRY_DELAY = 30.0
 """A ``Retry-After`` longer than this fails at once instead of blocking the run."""
@@ -58,13 +65,17 @@ class Failure:
     retry_after: float | None = None
     schema_rejected: bool = False
     """The provider refused the structured-output schema: retry once without it."""
+    shown: bool = False
+    """Part of the reply had already been streamed (an error inside a stream after a 200)."""
 
 
 class ProviderLLM(LLM):
     """An LLM reached through a provider SDK (see the module docstring).
 
-    ``timeout`` bounds each call (seconds), ``max_retries`` counts retries after the first
-    attempt, ``retry_delay`` is the first backoff (doubled each time, with jitter).
+    ``timeout`` bounds each attempt (seconds) and ``total_timeout`` the whole call, waits
+    included; ``max_retries`` counts retries after the first attempt, ``retry_delay`` is the
+    first backoff (doubled each time, with jitter). ``context_window`` is the model's window in
+    tokens (adapters that can ask the server do so in :meth:`start` when it is not given).
     ``structured=False`` never sends the JSON schema (the agent still validates replies).
     """
 
@@ -79,6 +90,7 @@ class ProviderLLM(LLM):
         model: str,
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        total_timeout: float = DEFAULT_TOTAL_TIMEOUT,
         max_retries: int = DEFAULT_RETRIES,
         retry_delay: float = 0.5,
         max_retry_delay: float = MAX_RETRY_DELAY,
@@ -89,19 +101,32 @@ class ProviderLLM(LLM):
     ) -> None:
         if not model:
             raise ConfigurationError(f"{self.provider}: name a model, e.g. '{self.provider}:…'")
-        if timeout <= 0 or max_retries < 0 or retry_delay < 0:
-            raise ConfigurationError("timeout must be > 0; max_retries and retry_delay >= 0")
+        if timeout <= 0 or total_timeout <= 0 or max_retries < 0 or retry_delay < 0:
+            raise ConfigurationError(
+                "timeout and total_timeout must be > 0; max_retries and retry_delay >= 0"
+            )
+        if max_tokens is not None and max_tokens < 1:
+            raise ConfigurationError("max_tokens must be a positive number of tokens")
         self.model = model
         self.name = f"{self.provider}:{model}"
         self.timeout = timeout
+        self.total_timeout = max(total_timeout, timeout)
         self.max_retries = max_retries
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.structured = structured
+        self.window_given = context_window is not None
+        """The caller named the window: it is never replaced by what a server says."""
         if context_window is not None:
             self.context_window = context_window
+
+    def with_output_limit(self, max_tokens: int) -> ProviderLLM:
+        """A shallow copy (same client and connections) whose replies may be ``max_tokens`` long."""
+        more = copy.copy(self)
+        more.max_tokens = max_tokens
+        return more
 
     # -- what an adapter implements ---------------------------------------------------
 
@@ -120,12 +145,20 @@ class ProviderLLM(LLM):
         sdk = self._sdk
         if isinstance(exc, sdk.APITimeoutError):
             return self._timeout_failure()
-        if isinstance(exc, sdk.APIStatusError):
-            return self._status_failure(
-                exc.status_code, sdk_message(exc), getattr(exc.response, "headers", None)
-            )
         if isinstance(exc, sdk.APIConnectionError):
             return self._status_failure(None, f"cannot connect to {where} ({exc})")
+        if isinstance(exc, sdk.APIError):
+            status = getattr(exc, "status_code", None)
+            body = getattr(exc, "body", None)
+            if status is None or 200 <= status < 300:
+                # An error event inside a stream that began with 200 OK (Anthropic's
+                # `event: error`, OpenAI's `data: {"error": …}`): its type says which status
+                # it stands for, so it is mapped and retried like its HTTP twin.
+                status = _status_of_error_body(body)
+            response = getattr(exc, "response", None)
+            return self._status_failure(
+                status, sdk_message(exc), getattr(response, "headers", None), body
+            )
         return None
 
     # -- the LLM interface --------------------------------------------------------------
@@ -150,10 +183,11 @@ class ProviderLLM(LLM):
         self, messages: list[Message], schema: dict[str, Any] | None, *, stream: bool
     ) -> AsyncIterator[str | Completion]:
         loop = asyncio.get_running_loop()
+        end = loop.time() + self.total_timeout
         attempt = 0
         while True:
             sent_schema = schema if self.structured else None
-            deadline = loop.time() + self.timeout
+            deadline = min(loop.time() + self.timeout, end)
             started = False
             pieces = self._attempt(messages, sent_schema, stream).__aiter__()
             try:
@@ -183,7 +217,11 @@ class ProviderLLM(LLM):
                 self.structured = False
                 continue
             failure.error.retried = True
-            if started or not failure.retryable or attempt >= self.max_retries:
+            if started:
+                # Text already reached the user: a second attempt would show a second reply.
+                failure.error.args = (f"{failure.error} (after part of the reply was shown)",)
+                raise failure.error from cause
+            if not failure.retryable or attempt >= self.max_retries:
                 if failure.retryable and attempt:
                     failure.error.args = (f"{failure.error} (after {attempt + 1} attempts)",)
                 raise failure.error from cause
@@ -194,7 +232,14 @@ class ProviderLLM(LLM):
                     f"longer than max_retry_delay={self.max_retry_delay:g}",
                 )
                 raise failure.error from cause
+            if loop.time() + delay >= end:
+                failure.error.args = (
+                    f"{failure.error} (after {attempt + 1} attempts; no time left within "
+                    f"total_timeout={self.total_timeout:g} s)",
+                )
+                raise failure.error from cause
             log.info("%s: %s; retrying in %.2f s", self.name, failure.error, delay)
+            report_retry(attempt + 1, delay, str(failure.error))
             await asyncio.sleep(delay)
             attempt += 1
 
@@ -207,8 +252,9 @@ class ProviderLLM(LLM):
     def _timeout_failure(self) -> Failure:
         return Failure(
             LLMTimeoutError(
-                f"{self.name}: no complete reply within {self.timeout:g} s; "
-                "pass a larger timeout= or check the server"
+                f"{self.name}: no complete reply within {self.timeout:g} s "
+                f"(timeout=; all attempts together within total_timeout="
+                f"{self.total_timeout:g} s); pass larger values or check the server"
             ),
             retryable=True,
         )
@@ -216,19 +262,28 @@ class ProviderLLM(LLM):
     # -- mapping HTTP statuses, shared by the adapters -------------------------------------
 
     def _status_failure(
-        self, status: int | None, message: str, headers: Mapping[str, str] | None = None
+        self, status: int | None, message: str, headers: Mapping[str, str] | None = None,
+        body: Any = None,
     ) -> Failure:
         """The failure an HTTP status means (same meaning at every provider)."""
         detail = f"{self.name}: {message}" if message else self.name
+        if status in (400, 413, 422) and _CONTEXT_FULL.search(message):
+            error = ContextLengthError(
+                f"{detail} (HTTP {status}): the prompt is longer than the model's context "
+                "window; pass a smaller context_window= or shorten the input"
+            )
+            error.window = _window_of(message, body)
+            return Failure(error)
+        if status == 404 or (status in (400, 422) and _NO_MODEL.search(message)):
+            # LiteLLM answers 400 "Invalid model name"; others word it their own way
+            return Failure(ModelNotFoundError(
+                f"{detail} (HTTP {status}): no model {self.model!r} at this provider; "
+                "check the model name"
+            ))
         if status in (401, 403):
             return Failure(AuthenticationError(
                 f"{detail} (HTTP {status}): the provider rejected the credentials; "
                 f"{self.key_hint or 'check the API key'}"
-            ))
-        if status == 404:
-            return Failure(ModelNotFoundError(
-                f"{detail} (HTTP 404): no model {self.model!r} at this provider; "
-                "check the model name"
             ))
         if status == 429:
             return Failure(
@@ -288,6 +343,47 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+_CONTEXT_FULL = re.compile(
+    r"context (length|size|window)|maximum context|prompt is too long|too many tokens"
+    r"|exceed_context|context_length_exceeded", re.I)
+_NO_MODEL = re.compile(
+    r"invalid model|unknown model|no such model|model\b.{0,80}\b(does not exist|not found"
+    r"|is not supported|not available)", re.I)
+
+
+def _window_of(message: str, body: Any) -> int | None:
+    """The context window an error states: llama.cpp's ``n_ctx``, else the message's number."""
+    error = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("n_ctx"), int):
+        return int(error["n_ctx"])
+    found = re.search(r"maximum context length is (\d+)|> (\d+) maximum|context "
+                      r"(?:size|window|length) (?:is |of )?(\d+)", message)
+    if found:
+        return int(next(group for group in found.groups() if group))
+    return None
+
+
+_ERROR_TYPES = {
+    "overloaded": 529, "api_error": 500, "server_error": 500, "internal": 500,
+    "rate_limit": 429, "timeout": 504, "authentication": 401, "permission": 403,
+    "not_found": 404, "invalid_request": 400, "request_too_large": 413,
+}
+
+
+def _status_of_error_body(body: Any) -> int | None:
+    """The HTTP status an error object from inside a stream stands for (by its ``type``)."""
+    error = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return 500
+    if isinstance(error.get("code"), int):
+        return int(error["code"])
+    kind = f"{error.get('type', '')} {error.get('code', '')}".lower()
+    for word, status in _ERROR_TYPES.items():
+        if word in kind:
+            return status
+    return 500  # an unknown failure reported mid-reply: the provider failed
 
 
 def _mentions_schema(message: str) -> bool:

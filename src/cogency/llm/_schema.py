@@ -92,16 +92,32 @@ def for_openai(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return out, strict
 
 
-def for_anthropic(schema: dict[str, Any]) -> dict[str, Any] | None:
-    """The schema in Anthropic's structured-output subset, or ``None`` if it cannot be held
-    (open objects or "any" values would be silently closed, losing tool arguments)."""
-    out = restrict(schema, ANTHROPIC_KEYWORDS)
+ANTHROPIC_FORMATS = frozenset(
+    ("date-time", "time", "date", "duration", "email", "hostname", "uri", "ipv4", "ipv6", "uuid")
+)
+"""String formats the Anthropic SDK's schema transform keeps (others become prose)."""
+
+
+def for_anthropic(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema as the Anthropic SDK documents it (``transform_schema``): no ``type`` beside
+    ``enum``/``const``, ``minItems`` only 0 or 1, ``format`` only from its list, ``oneOf`` as
+    ``anyOf``. A step that may call no tool has no ``actions`` at all (Anthropic has no
+    ``maxItems``; an array with no ``items`` would let anything through)."""
+    out = restrict(schema, ANTHROPIC_KEYWORDS | {"oneOf", "minItems"})
     for node in walk(out):
-        kind = node.get("type")
-        if not kind and not any(k in node for k in ("anyOf", "allOf", "enum", "const", "$ref")):
-            return None
-        if kind == "object" and node.get("additionalProperties") is not False:
-            return None
+        if "oneOf" in node:
+            node["anyOf"] = node.pop("oneOf")
+        if "enum" in node or "const" in node:
+            node.pop("type", None)
+        if node.get("minItems") not in (None, 0, 1):
+            node.pop("minItems")
+        if "format" in node and node["format"] not in ANTHROPIC_FORMATS:
+            node.pop("format")
+    actions = schema.get("properties", {}).get("actions")
+    if isinstance(actions, dict) and actions.get("maxItems") == 0:
+        out.get("properties", {}).pop("actions", None)
+        if "required" in out:
+            out["required"] = [name for name in out["required"] if name != "actions"]
     return out
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,9 @@ class Completion:
 
     text: str
     usage: Usage
+    truncated: bool = False
+    """The reply stopped at the output token limit (``finish_reason: length``,
+    ``stop_reason: max_tokens``, ``MAX_TOKENS``): it is probably cut off mid-JSON."""
 
 
 class LLM(ABC):
@@ -58,5 +63,47 @@ class LLM(ABC):
         completion = await self.generate(messages, schema=schema)
         yield completion
 
+    async def start(self) -> None:
+        """Get ready before the first call (the agent awaits it once per run).
+
+        Adapters that learn their :attr:`context_window` from the server, or start one,
+        do it here; the default does nothing.
+        """
+
+    def with_output_limit(self, max_tokens: int) -> LLM | None:
+        """This model with a reply cap of ``max_tokens``, or ``None`` if it has no cap to raise.
+
+        The agent asks for it when a reply was cut off at the limit; ``self`` is unchanged.
+        """
+        return None
+
     async def close(self) -> None:
         """Release connections (no-op unless the adapter holds some)."""
+
+
+RetryListener = Callable[[int, float, str], None]
+"""Called before each retry with the attempt number (1 for the first retry), the seconds it
+will wait, and why."""
+
+_retry_listener: ContextVar[RetryListener | None] = ContextVar("cogency_retry", default=None)
+
+
+@contextmanager
+def retries_reported_to(listener: RetryListener) -> Iterator[None]:
+    """Within this block, every retry of a model call (in this task) is reported to ``listener``.
+
+    A context variable, not an argument: the :class:`LLM` interface stays two methods, and
+    concurrent runs sharing one model each hear only their own retries.
+    """
+    token = _retry_listener.set(listener)
+    try:
+        yield
+    finally:
+        _retry_listener.reset(token)
+
+
+def report_retry(attempt: int, delay: float, reason: str) -> None:
+    """Tell the current listener (if any) that a call is about to be retried."""
+    listener = _retry_listener.get()
+    if listener is not None:
+        listener(attempt, delay, reason)

@@ -205,8 +205,10 @@ def _check_shapes(values: dict[str, Any]) -> None:
 
 
 def _text(value: Any) -> str:
+    """A learned string, or "" for what holds nothing (small models echo "..." placeholders)."""
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return str(value).strip()[:MAX_TEXT]
+        text = str(value).strip()[:MAX_TEXT]
+        return text if any(ch.isalnum() for ch in text) else ""
     return ""
 
 

@@ -112,6 +112,8 @@ class State:
         state._saved_workspace = state.workspace.to_dict()
         state.epoch = 1 if runner else None
         history = record.recent if record.recent is not None else first
+        if first and not any(m.get("task_id") == state.task_id for m in history):
+            history = [*history, *first]  # a query longer than history_tokens: it still counts
         state.conversation = _conversation_from(record, history)
         state.execution.messages = list(history)
         return state
@@ -138,6 +140,9 @@ class State:
         history = await store.load_messages(
             task.conversation_id, user_id, token_budget=history_tokens
         )
+        if not any(m.get("task_id") == task_id and m.get("role") == "user"
+                   and m.get("content") == task.query for m in history):
+            history = await _with_own_messages(store, user_id, task_id, history)
         state = cls(
             query=task.query,
             user_id=user_id,
@@ -161,6 +166,20 @@ class State:
         self.completed = True
         if self._owns_store and self.store is not None:
             await self.store.close()
+
+
+async def _with_own_messages(
+    store: Store, user_id: str, task_id: str, window: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The task's own messages, whole, after what of the loaded ``window`` came before them:
+    a task whose messages outgrew the history window still comes back entire."""
+    own = await store.load_task_messages(task_id, user_id)
+    if not own:
+        return window  # the task has no message yet (the agent adds its query)
+    first = own[0].get("seq")
+    older = [m for m in window if m.get("task_id") != task_id
+             and (first is None or (m.get("seq") or 0) < first)]
+    return [*older, *own]
 
 
 def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import uuid
@@ -26,6 +27,7 @@ MIGRATION_NAMES = (
     "m002_conversation_messages",
     "m003_task_workspace_columns",
     "m004_run_leases",
+    "m005_forget_generation",
     "m008_task_settings",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
@@ -145,8 +147,19 @@ class Store(Protocol):
 
     async def load_profile(self, user_id: str) -> Profile | None: ...
 
-    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
-        """Read-modify-write the profile under a lock (created when missing)."""
+    async def update_profile(
+        self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
+    ) -> Profile:
+        """Read-modify-write the profile under a lock (created when missing).
+
+        With ``generation``, the write happens only if the user's :meth:`user_generation` is
+        still that number, checked inside the transaction (so a ``forget`` that returned before
+        it always wins); otherwise :class:`~cogency.errors.ForgottenError` and nothing written.
+        """
+        ...
+
+    async def user_generation(self, user_id: str) -> int:
+        """How many times the user was forgotten (0 for one never forgotten)."""
         ...
 
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]: ...
@@ -154,7 +167,8 @@ class Store(Protocol):
     async def list_conversations(self, user_id: str) -> list[ConversationRecord]: ...
 
     async def forget_user(self, user_id: str) -> None:
-        """Delete the user's profile, conversations, messages and workspaces together."""
+        """Delete the user's profile, conversations, messages and workspaces together, and
+        advance their generation: learning that began before can then never write."""
         ...
 
     async def close(self) -> None: ...
@@ -186,6 +200,12 @@ def decode_profile(text: str, user_id: str) -> Profile:
             f"user_profiles row {user_id!r} holds a profile that cannot be read ({exc}); "
             "repair or delete the row"
         ) from exc
+
+
+def generation_key(user_id: str) -> str:
+    """The key of a user's row in ``user_generations``: a hash, so that a forgotten user's
+    id is not kept in readable form."""
+    return hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def no_conversation(conversation_id: str, user_id: str) -> str:

@@ -1,16 +1,17 @@
 """PostgreSQL storage: one database shared by many agent processes on many machines.
 
-Same tables, columns and migration names as :mod:`cogency.storage.sqlite`; the JSON columns
-have PostgreSQL's ``json`` type, which rejects invalid JSON yet keeps the text exactly as written
-(``jsonb`` would refuse a ``\\u0000`` that SQLite stores). Writers serialize on row locks, not on
-the whole database; a running task is held by a session advisory lock that PostgreSQL drops by
-itself when the holder's connection dies.
+Same tables, columns and migration names as :mod:`cogency.storage.sqlite` (but for how a lease
+is held); the JSON columns have PostgreSQL's ``json`` type, which rejects invalid JSON yet keeps
+the text exactly as written (``jsonb`` would refuse a ``\\u0000`` that SQLite stores). Writers
+serialize on row locks, not on the whole database. A running task's row names its store's
+session advisory lock, which PostgreSQL drops by itself when that store's connection dies: the
+task is then free, and every write of the old runner is fenced out by the lease epoch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import os
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -23,6 +24,7 @@ from ..errors import (
     CogencyError,
     ConfigurationError,
     ConflictError,
+    ForgottenError,
     NotFoundError,
     StorageError,
     StoreLockedError,
@@ -39,10 +41,13 @@ from .base import (
     conversation_record,
     decode,
     decode_profile,
+    generation_key,
     lease_lost,
     legacy_messages,
     no_conversation,
     no_workspace,
+    abandon_runner,
+    runner_alive,
     schema_problem,
     task_record,
     task_running,
@@ -197,9 +202,11 @@ async def _m004_run_leases(db: asyncpg.Connection) -> None:
         """
         ALTER TABLE task_workspaces ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
             -- bumped by each claim and force-release; a run's writes must carry the current one
-            -- (the advisory lock of a run is keyed by the task and this epoch)
+        ALTER TABLE task_workspaces ADD COLUMN lease_holder BIGINT;
+            -- the key of the session advisory lock its store holds while it lives: a row whose
+            -- key nobody holds (that session died) is free
         ALTER TABLE task_workspaces ADD COLUMN lease_until TIMESTAMPTZ;
-            -- unused here (the advisory lock dies with its session); kept for SQLite's leases
+            -- SQLite's lease expiry; unused here (the columns are the same on both)
         ALTER TABLE task_workspaces ADD COLUMN last_save TEXT;
             -- the save that wrote this version: a retry of it finds that it landed
         ALTER TABLE conversation_messages ADD COLUMN message_id TEXT;
@@ -209,6 +216,17 @@ async def _m004_run_leases(db: asyncpg.Connection) -> None:
         CREATE INDEX conversation_messages_by_task ON conversation_messages(task_id);
             -- resume finds a task's recorded results however long its conversation is
         """
+    )
+
+
+async def _m005_forget_generation(db: asyncpg.Connection) -> None:
+    # Outlives the user's other rows on purpose: learning that began before a forget
+    # compares its generation inside its write, so a forgotten user can never be re-learned
+    # from erased data, whichever process or Memory learns. Keyed by a hash of the user id:
+    # nothing readable of a forgotten user stays behind.
+    await db.execute(
+        "CREATE TABLE user_generations (user_key TEXT PRIMARY KEY, "
+        "generation INTEGER NOT NULL)"
     )
 
 
@@ -223,6 +241,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
+    ("m005_forget_generation", _m005_forget_generation),
     ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -285,8 +304,9 @@ class PostgresStore:
     Nothing connects until the first call; then a pool of at most ``max_size`` connections
     opens and the schema is migrated. Waiting longer than ``acquire_timeout`` seconds for a free
     connection, or ``lock_timeout`` for a row lock, raises
-    :class:`~cogency.errors.StoreUnavailableError`. Tasks being run are held by session advisory
-    locks on one extra connection per store, so a process that dies frees its tasks at once.
+    :class:`~cogency.errors.StoreUnavailableError`. Tasks being run are held through one session
+    advisory lock on one extra connection per store (taken once, named in the task rows), so a
+    process that dies frees its tasks at once, and holding a task costs no round trip.
 
     ``read_only=True`` never migrates or writes (every session is read-only): a database with
     an older schema is a :class:`~cogency.errors.StorageError` saying to open it once for
@@ -332,8 +352,10 @@ class PostgresStore:
         self._opening: asyncio.Lock | None = None
         self._lease_db: asyncpg.Connection | None = None
         self._lease_lock: asyncio.Lock | None = None
+        self._key: int | None = None
+        """This store's lease key: the session advisory lock its lease connection holds."""
         self._leases: dict[str, tuple[str, int]] = {}
-        """task_id -> (runner, epoch) of the tasks this store holds an advisory lock for."""
+        """task_id -> (runner, epoch) of the tasks this store's runs hold."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -420,6 +442,7 @@ class PostgresStore:
                     pass
         self._pool = None
         self._lease_db = None
+        self._key = None
         self._leases.clear()
 
     async def _use(
@@ -558,7 +581,7 @@ class PostgresStore:
         """Close the pool and give up every task this store holds. Safe to call twice."""
         self._closed = True
         pool, lease_db = self._pool, self._lease_db
-        self._pool, self._lease_db = None, None
+        self._pool, self._lease_db, self._key = None, None, None
         self._leases.clear()
         try:
             if lease_db is not None and not lease_db.is_closed():
@@ -567,138 +590,111 @@ class PostgresStore:
             if pool is not None:
                 await pool.close()
 
-    # -- task leases: session advisory locks on one connection ----------------------------
+    # -- task leases: one session advisory lock per store, named in the rows it holds -----
 
-    async def _lease_connection(self) -> asyncpg.Connection:
-        if self._lease_db is not None and not self._lease_db.is_closed():
-            return self._lease_db
-        asyncpg = _driver()
-        self._leases.clear()  # locks die with the session that held them
-        try:
-            db = await asyncpg.connect(
-                self.dsn, timeout=self.connect_timeout,
-                server_settings=self._settings("cogency-leases"),
-            )
-        except Exception as exc:
-            raise self._connect_error(exc) from exc
-        db.add_termination_listener(self._lease_connection_lost)
-        self._lease_db = db
-        return db
+    async def _holder(self) -> int:
+        """This store's lease key, taken once on its own connection (which then idles)."""
+        await self._ready()
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            if self._key is not None and self._lease_db is not None \
+                    and not self._lease_db.is_closed():
+                return self._key
+            asyncpg = _driver()
+            try:
+                db = await asyncpg.connect(
+                    self.dsn, timeout=self.connect_timeout,
+                    server_settings=self._settings("cogency-leases"),
+                )
+            except Exception as exc:
+                raise self._connect_error(exc) from exc
+            try:
+                while not await db.fetchval(
+                    "SELECT pg_try_advisory_lock($1)",
+                    key := int.from_bytes(os.urandom(8), "big", signed=True),
+                ):
+                    pass  # another store drew the same 64 bits: draw again
+            except Exception as exc:
+                db.terminate()
+                raise self._error(exc, "taking this store's lease") from exc
+            db.add_termination_listener(self._lease_connection_lost)
+            self._lease_db, self._key = db, key
+            return key
 
     def _lease_connection_lost(self, db: asyncpg.Connection) -> None:
         if db is self._lease_db:
-            self._lease_db = None
-            self._leases.clear()
+            # The lock went with the session: other stores may claim this store's tasks now,
+            # and the runs still going here are fenced out when they do.
+            self._lease_db, self._key = None, None
 
     async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
-        await self._ready()
-        assert self._lease_lock is not None
-        async with self._lease_lock:  # also orders claims of one task within this store
-            holder = self._leases.get(task_id)
-            if holder is not None and holder[0] == runner:
-                return holder[1]
-            row = None
-            if holder is None:
-                db = await self._lease_connection()
-                try:
-                    # One round trip. The holder of epoch E holds the lock (task, E): when it
-                    # is free (the holder's session died, or a force-release moved the epoch
-                    # on), take it, move to E + 1 (fencing out the old holder's writes) and
-                    # hold (task, E + 1) instead. Only a task of this user is locked (another
-                    # user's running task must look "not found", not "running").
-                    row = await db.fetchrow(
-                        "WITH task AS (SELECT epoch FROM task_workspaces WHERE task_id = $2 "
-                        "AND user_id = $3), lease AS (SELECT epoch, "
-                        "pg_try_advisory_lock($1, epoch) AS got FROM task), "
-                        "mark AS (UPDATE task_workspaces t SET runner = $4, epoch = lease.epoch + 1 "
-                        "FROM lease WHERE t.task_id = $2 AND lease.got AND t.epoch = lease.epoch "
-                        "RETURNING t.epoch) "
-                        "SELECT mark.epoch, CASE WHEN mark.epoch IS NOT NULL THEN "
-                        "pg_try_advisory_lock($1, mark.epoch) END AS held, CASE WHEN lease.got "
-                        "THEN pg_advisory_unlock($1, lease.epoch) END AS freed "
-                        "FROM lease LEFT JOIN mark ON true",
-                        _lease_key(task_id), task_id, user_id, runner,
-                    )
-                except Exception as exc:
-                    raise self._error(exc, "claiming a task") from exc
-                if row is None:
+        holder = self._leases.get(task_id)
+        if holder is not None and holder[0] == runner:
+            return holder[1]
+        if holder is not None and runner_alive(holder[0]):
+            raise task_running(task_id)  # another run of this store holds (or claims) it
+        key = await self._holder()
+
+        async def work(db: asyncpg.Connection) -> int:
+            # One statement: take the task if nobody holds it, or its holder's lock is gone
+            # (or it was this store's, from a run that ended without letting go).
+            epoch = await db.fetchval(
+                "UPDATE task_workspaces t SET runner = $3, lease_holder = $4, epoch = t.epoch + 1 "
+                "WHERE t.task_id = $1 AND t.user_id = $2 AND (t.lease_holder IS NULL "
+                "OR t.lease_holder = $4 OR NOT " + _HELD + ") RETURNING t.epoch",
+                task_id, user_id, runner, key,
+            )
+            if epoch is None:
+                if await db.fetchval(
+                    "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND user_id = $2",
+                    task_id, user_id,
+                ) is None:
                     raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-            if row is None or row["epoch"] is None:
                 raise task_running(task_id)
-            self._leases[task_id] = (runner, row["epoch"])
-            return int(row["epoch"])
+            return int(epoch)
+
+        self._leases[task_id] = (runner, 0)  # a second claim from this store meanwhile waits
+        try:
+            epoch = await self._use("claiming a task", work, transaction=False)
+        except BaseException:
+            del self._leases[task_id]
+            raise
+        self._leases[task_id] = (runner, epoch)
+        return epoch
 
     async def release_task(self, task_id: str, runner: str) -> None:
-        await self._ready()
-        assert self._lease_lock is not None
-        async with self._lease_lock:
-            holder = self._leases.get(task_id)
-            held = holder is not None and holder[0] == runner
-            if held:
-                del self._leases[task_id]
-            if holder is None or not held or self._lease_db is None or self._lease_db.is_closed():
-                # No lock of ours to drop (or its session is gone, and the lock with it):
-                # only clear the runner shown to people.
-                await self._use(
-                    "releasing a task",
-                    lambda db: db.execute(
-                        "UPDATE task_workspaces SET runner = NULL WHERE task_id = (SELECT "
-                        "task_id FROM task_workspaces WHERE task_id = $1 AND runner = $2 "
-                        "FOR UPDATE SKIP LOCKED)",  # never waits: the column is only shown
-                        task_id, runner,
-                    ),
-                    write=False, transaction=False,
-                )
-                return
-            try:
-                await self._lease_db.fetchval(
-                    "WITH mark AS (UPDATE task_workspaces SET runner = NULL WHERE task_id = "
-                    "(SELECT task_id FROM task_workspaces WHERE task_id = $2 AND runner = $3 "
-                    "FOR UPDATE SKIP LOCKED) RETURNING 1) "
-                    "SELECT pg_advisory_unlock($1, $4) FROM (SELECT count(*) FROM mark) m",
-                    _lease_key(task_id), task_id, runner, holder[1],
-                )
-            except Exception as exc:
-                raise self._error(exc, "releasing a task") from exc
+        if self._leases.get(task_id, (None,))[0] == runner:
+            del self._leases[task_id]
+        try:
+            await self._use(
+                "releasing a task",
+                lambda db: db.execute(
+                    "UPDATE task_workspaces SET runner = NULL, lease_holder = NULL "
+                    "WHERE task_id = (SELECT task_id FROM task_workspaces WHERE task_id = $1 "
+                    "AND runner = $2 FOR UPDATE SKIP LOCKED)",  # never waits to let go
+                    task_id, runner,
+                ),
+                write=False, transaction=False,
+            )
+        except BaseException:
+            abandon_runner(runner)  # the run is over even if its row still names it
+            raise
 
     async def force_release(self, task_id: str, user_id: str) -> str | None:
-        async def work(db: asyncpg.Connection) -> str | None:
-            row = await db.fetchrow(
-                "SELECT runner FROM task_workspaces WHERE task_id = $1 AND user_id = $2 "
-                "FOR UPDATE",
+        async def work(db: asyncpg.Connection) -> Any:
+            return await db.fetchrow(
+                "UPDATE task_workspaces t SET runner = NULL, lease_holder = NULL, "
+                "epoch = t.epoch + 1 FROM (SELECT task_id, runner FROM task_workspaces "
+                "WHERE task_id = $1 AND user_id = $2 FOR UPDATE) old "
+                "WHERE t.task_id = old.task_id RETURNING old.runner",
                 task_id, user_id,
             )
-            if row is None:
-                raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-            # The next epoch's lock is free: the next claim gets it, whatever session still
-            # holds this one.
-            await db.execute(
-                "UPDATE task_workspaces SET runner = NULL, epoch = epoch + 1 WHERE task_id = $1",
-                task_id,
-            )
-            return cast("str | None", row["runner"])
 
-        runner = await self._use("releasing a task by force", work)
-        await self._give_up(task_id)
-        return runner
-
-    async def _give_up(self, task_id: str) -> None:
-        """Drop this store's lease on ``task_id``, if it holds one."""
-        if task_id not in self._leases:
-            return
-        assert self._lease_lock is not None
-        async with self._lease_lock:
-            holder = self._leases.pop(task_id, None)
-            if holder is None:
-                return
-            if self._lease_db is None or self._lease_db.is_closed():
-                return  # the session is gone, and its locks with it
-            try:
-                await self._lease_db.fetchval(
-                    "SELECT pg_advisory_unlock($1, $2)", _lease_key(task_id), holder[1]
-                )
-            except Exception as exc:
-                raise self._error(exc, "releasing a task") from exc
+        row = await self._use("releasing a task by force", work, transaction=False)
+        if row is None:
+            raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+        self._leases.pop(task_id, None)
+        return cast("str | None", row["runner"])
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -745,11 +741,11 @@ class PostgresStore:
             try:
                 await db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-                    "workspace_data, version, runner, updated_at, epoch, settings) "
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                    "workspace_data, version, runner, updated_at, epoch, lease_holder, "
+                    "settings) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                     task.task_id, task.user_id, task.conversation_id, _put_text(task.query),
                     dumps(task.workspace), task.version, task.runner, stamp,
-                    1 if task.runner else 0, dumps(task.settings),
+                    1 if task.runner else 0, key, dumps(task.settings),
                 )
             except driver.exceptions.UniqueViolationError as exc:
                 raise ConflictError(
@@ -762,25 +758,15 @@ class PostgresStore:
                 conversation.message_count += len(messages)
             return conversation
 
+        key = await self._holder() if task.runner else None
         conversation = await self._use("starting a task", work)
-        if task.runner is not None:  # the runner column is set; take the lease lock too
-            await self._hold_new(task.task_id, task.runner)
+        if task.runner is not None:
+            self._leases[task.task_id] = (task.runner, 1)
         if history_tokens is not None:
             conversation.recent = await self.load_messages(
                 task.conversation_id, task.user_id, token_budget=history_tokens
             )
         return conversation
-
-    async def _hold_new(self, task_id: str, runner: str) -> None:
-        """Take the lock of epoch 1 of a task this store just created for ``runner``."""
-        assert self._lease_lock is not None
-        async with self._lease_lock:
-            db = await self._lease_connection()
-            try:
-                await db.fetchval("SELECT pg_try_advisory_lock($1, 1)", _lease_key(task_id))
-            except Exception as exc:
-                raise self._error(exc, "claiming a task") from exc
-            self._leases[task_id] = (runner, 1)
 
     async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
         async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
@@ -862,9 +848,9 @@ class PostgresStore:
         try:
             return await self._use("completing a task", work)
         finally:
-            # A completed task needs no runner; one whose completion failed is free for a
-            # resume (the runner does not call release_task after completing).
-            await self._give_up(batch.task_id)
+            # A completed task needs no runner; one whose completion failed is released by
+            # its runner.
+            self._leases.pop(batch.task_id, None)
 
     # -- conversations --------------------------------------------------------------------
 
@@ -937,8 +923,22 @@ class PostgresStore:
 
         return await self._read("loading a profile", work)
 
-    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
+    async def update_profile(
+        self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
+    ) -> Profile:
         async def work(db: asyncpg.Connection) -> Profile:
+            if generation is not None:
+                # Locks the user's generation row (made if missing) until commit; forget_user
+                # takes the same lock first, so one of the two waits for the other to finish,
+                # and the value read here is the latest committed one.
+                now = await db.fetchval(
+                    "INSERT INTO user_generations (user_key, generation) VALUES ($1, 0) "
+                    "ON CONFLICT (user_key) DO UPDATE SET generation = "
+                    "user_generations.generation RETURNING generation",
+                    generation_key(user_id),
+                )
+                if now != generation:
+                    raise ForgottenError(user_id)
             stamp = _time.now()
             # Create the row first so that concurrent updaters of a new profile also queue on
             # its lock instead of both starting from an empty profile.
@@ -963,6 +963,13 @@ class PostgresStore:
 
     async def forget_user(self, user_id: str) -> None:
         async def work(db: asyncpg.Connection) -> None:
+            # First: from here on, learning that began before waits for this transaction and
+            # then sees the new generation (see update_profile).
+            await db.execute(
+                "INSERT INTO user_generations (user_key, generation) VALUES ($1, 1) "
+                "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation + 1",
+                generation_key(user_id),
+            )
             # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
             # explicit deletes also cover rows written before the cascades existed.
             await db.execute(
@@ -975,6 +982,16 @@ class PostgresStore:
             await db.execute("DELETE FROM user_profiles WHERE user_id = $1", user_id)
 
         await self._use("forgetting a user", work)
+
+    async def user_generation(self, user_id: str) -> int:
+        async def work(db: asyncpg.Connection) -> int:
+            value = await db.fetchval(
+                "SELECT generation FROM user_generations WHERE user_key = $1",
+                generation_key(user_id),
+            )
+            return 0 if value is None else int(value)
+
+        return await self._read("reading a user's generation", work)
 
 
 # -- row helpers ----------------------------------------------------------------------------
@@ -1120,13 +1137,13 @@ def _get_text(text: str) -> str:
     return _ESCAPED.sub(lambda match: "\x00" if match.group(1) == "0" else _ESCAPE, text)
 
 
-def _lease_key(task_id: str) -> int:
-    """The first half (signed 32 bits) of the advisory-lock key ``(task, epoch)`` of a task.
-
-    Two tasks share it ~1 in 2**32; they then collide only while their epochs are equal, and
-    a collision only refuses a claim (``TaskRunningError``), never grants one."""
-    digest = hashlib.blake2b(b"cogency.task\0" + task_id.encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big", signed=True)
+_HELD = (
+    # Whether the session holding advisory lock t.lease_holder (a bigint key: classid holds
+    # its high 32 bits, objid its low ones) is alive.
+    "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+    "AND l.objsubid = 1 AND l.classid::int8 = (t.lease_holder >> 32) & 4294967295 "
+    "AND l.objid::int8 = t.lease_holder & 4294967295)"
+)
 
 
 def _message(row: Any) -> dict[str, Any]:

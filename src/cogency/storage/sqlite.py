@@ -15,6 +15,7 @@ from .. import _time
 from .._json import dumps
 from ..errors import (
     ConflictError,
+    ForgottenError,
     NotFoundError,
     StorageError,
     StoreLockedError,
@@ -31,6 +32,7 @@ from .base import (
     conversation_record,
     decode,
     decode_profile,
+    generation_key,
     lease_lost,
     legacy_messages,
     no_conversation,
@@ -167,6 +169,8 @@ def _m004_run_leases(db: sqlite3.Connection) -> None:
             -- bumped by each claim and force-release; a run's writes must carry the current one
         ALTER TABLE task_workspaces ADD COLUMN lease_until TEXT;
             -- when the runner's lease lapses unless renewed (ISO 8601 UTC); then others may claim
+        ALTER TABLE task_workspaces ADD COLUMN lease_holder INTEGER;
+            -- PostgreSQL's lease key; unused here (the columns are the same on both)
         ALTER TABLE task_workspaces ADD COLUMN last_save TEXT;
             -- the save that wrote this version: a retry of it finds that it landed
         ALTER TABLE conversation_messages ADD COLUMN message_id TEXT;
@@ -195,11 +199,23 @@ def _script(db: sqlite3.Connection, sql: str) -> None:
             statement = ""
 
 
+def _m005_forget_generation(db: sqlite3.Connection) -> None:
+    # Outlives the user's other rows on purpose: learning that began before a forget
+    # compares its generation inside its write, so a forgotten user can never be re-learned
+    # from erased data, whichever process or Memory learns. Keyed by a hash of the user id:
+    # nothing readable of a forgotten user stays behind.
+    db.execute(
+        "CREATE TABLE user_generations (user_key TEXT PRIMARY KEY, "
+        "generation INTEGER NOT NULL)"
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
+    ("m005_forget_generation", _m005_forget_generation),
     ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -562,7 +578,7 @@ class SQLiteStore:
 
     async def release_task(self, task_id: str, runner: str) -> None:
         if self._held.get(task_id, (None,))[0] == runner:
-            del self._held[task_id]
+            self._unhold(task_id)
         try:
             await self._run(
                 self._write(
@@ -593,7 +609,7 @@ class SQLiteStore:
             )
             return cast("str | None", row[0])
 
-        self._held.pop(task_id, None)
+        self._unhold(task_id)
         return await self._run(self._write(work))
 
     def _lease_end(self) -> str:
@@ -604,6 +620,12 @@ class SQLiteStore:
         self._held[task_id] = (runner, epoch)
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    def _unhold(self, task_id: str) -> None:
+        self._held.pop(task_id, None)
+        if not self._held and self._heartbeat is not None:
+            self._heartbeat.cancel()  # nothing left to renew: no task lingers in the loop
+            self._heartbeat = None
 
     async def _renew_leases(self) -> None:
         while self._held:
@@ -629,7 +651,7 @@ class SQLiteStore:
                 # and the run's next write (fenced by its epoch) reports what happened.
                 continue
             for task in (set(self._held) - set(held)) | set(lost):
-                self._held.pop(task, None)
+                self._held.pop(task, None)  # (not _unhold: this task ends by itself)
 
     async def save(self, batch: SaveBatch) -> int:
         def work(db: sqlite3.Connection) -> int:
@@ -655,7 +677,10 @@ class SQLiteStore:
                 )
             return version
 
-        return await self._run(self._write(work))
+        version = await self._run(self._write(work))
+        if batch.complete:
+            self._unhold(batch.task_id)
+        return version
 
     # -- conversations --------------------------------------------------------------------
 
@@ -703,8 +728,13 @@ class SQLiteStore:
 
         return await self._run(work)
 
-    async def update_profile(self, user_id: str, apply: Callable[[Profile], None]) -> Profile:
+    async def update_profile(
+        self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
+    ) -> Profile:
         def work(db: sqlite3.Connection) -> Profile:
+            # BEGIN IMMEDIATE orders this write against forget_user's: read inside it.
+            if generation is not None and _generation(db, user_id) != generation:
+                raise ForgottenError(user_id)
             row = db.execute(
                 "SELECT profile_data FROM user_profiles WHERE user_id = ?", (user_id,)
             ).fetchone()
@@ -734,9 +764,17 @@ class SQLiteStore:
             db.execute("DELETE FROM task_workspaces WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM conversations WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM user_profiles WHERE user_id = ?", (user_id,))
+            db.execute(
+                "INSERT INTO user_generations (user_key, generation) VALUES (?, 1) "
+                "ON CONFLICT(user_key) DO UPDATE SET generation = generation + 1",
+                (generation_key(user_id),),
+            )
             self._windows.clear()
 
         await self._run(self._write(work))
+
+    async def user_generation(self, user_id: str) -> int:
+        return await self._run(lambda db: _generation(db, user_id))
 
 
 # -- row helpers (run on the worker thread) -------------------------------------------------
@@ -747,6 +785,13 @@ def _ensure_profile(db: sqlite3.Connection, user_id: str, stamp: str) -> None:
         "INSERT OR IGNORE INTO user_profiles (user_id, profile_data, updated_at) VALUES (?, ?, ?)",
         (user_id, dumps(Profile(user_id).to_dict()), stamp),
     )
+
+
+def _generation(db: sqlite3.Connection, user_id: str) -> int:
+    row = db.execute(
+        "SELECT generation FROM user_generations WHERE user_key = ?", (generation_key(user_id),)
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _put_profile(db: sqlite3.Connection, profile: Profile, stamp: str) -> None:

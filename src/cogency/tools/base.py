@@ -20,10 +20,14 @@ from typing import Any, Literal, Protocol, Union, get_args, get_origin, overload
 
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
+from ..tokens import truncate_tokens
 
 DEFAULT_TIMEOUT = 30.0
 MAX_OUTPUT_CHARS = 20_000
 """Tool output kept in the conversation; longer output is cut and marked."""
+MAX_OUTPUT_TOKENS = 6_000
+"""And at most this many tokens of it: text denser than ~3 characters a token (digits, CJK,
+base64) is cut sooner, so no result costs more to count, or in the history window."""
 MAX_TOOL_THREADS = 8
 """Calls of one synchronous tool that run at once; more wait (within their time limit)."""
 
@@ -51,6 +55,11 @@ class Tool:
     timeout: float = DEFAULT_TIMEOUT
     hide: Callable[[Sequence[str]], None] | None = field(default=None, repr=False)
     _threads: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(MAX_TOOL_THREADS),
+        init=False, repr=False, compare=False,
+    )
+    _renders: threading.BoundedSemaphore = field(
+        # Apart from the calls' threads, which hung calls may hold: a render always ends soon.
         default_factory=lambda: threading.BoundedSemaphore(MAX_TOOL_THREADS),
         init=False, repr=False, compare=False,
     )
@@ -214,13 +223,19 @@ async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the model sees the failure as the call's result
-        error = _cut(f"{type(exc).__name__}: {exc}")  # redacted before it is stored or shown
+        # Redacted before it is stored or shown.
+        error = await _off_loop(tool_, _cut, f"{type(exc).__name__}: {exc}")
         return {"name": name, "args": args, "ok": False, "error": error}
-    if isinstance(value, str) and len(value) < _RENDER_ON_LOOP:
-        output = _render(value)
-    else:  # off the event loop: redaction scans up to ~24,000 characters
-        output = await tool_._in_thread(functools.partial(_render, value))
+    output = await _off_loop(tool_, _render, value)
     return {"name": name, "args": args, "ok": True, "output": output}
+
+
+async def _off_loop(tool_: Tool, render: Callable[[Any], str], value: Any) -> str:
+    if isinstance(value, str) and len(value) < _RENDER_ON_LOOP:
+        return render(value)
+    # A long output is redacted (~24,000 characters scanned) and counted (tiktoken frees the
+    # GIL) in a thread: the event loop is not held while it is.
+    return await in_thread(functools.partial(render, value), tool_._renders, "cogency-render")
 
 
 async def run_tools(
@@ -235,8 +250,8 @@ async def run_tools(
     )
 
 
-_RENDER_ON_LOOP = 2_000
-"""Outputs shorter than this are redacted on the loop: a thread would cost more."""
+_RENDER_ON_LOOP = 1_000
+"""Outputs shorter than this are redacted (and counted) on the loop: a thread costs more."""
 
 
 def _render(value: Any) -> str:
@@ -256,6 +271,10 @@ def _cut(text: str) -> str:
     # Secrets never reach the conversation, the events or the database. Only what is kept is
     # scanned, so a huge output costs no more event-loop time than a 20,000-character one.
     kept, left_out = redact_cut(text, MAX_OUTPUT_CHARS)
+    if len(kept.encode()) > MAX_OUTPUT_TOKENS:  # a token is at least one byte: else it fits
+        shorter = truncate_tokens(kept, MAX_OUTPUT_TOKENS, marker="")
+        left_out += len(kept) - len(shorter)
+        kept = shorter
     return kept + (f"\n…[cut: {left_out} more characters]" if left_out else "")
 
 

@@ -4,29 +4,33 @@ working ``bwrap``.
 
 The sandbox is built up from nothing: the root (read-write), a read-only minimal system
 (``/usr`` and its links, the parts of ``/etc`` programs read), a private ``/tmp``, a minimal
-``/dev`` and its own ``/proc``; no network, its own process tree. Nothing else is there: no
+``/dev`` and its own ``/proc``; no network, its own process tree, no capabilities. Nothing else is there: no
 ``/run`` or ``/var/run`` (so no Unix sockets of the machine's services), no home directories,
 and never the files of the agent's store, even inside the root.
 
 Every process a command starts is killed at its end, time-out or cancellation: in the sandbox
 by ending its PID namespace; without it by walking ``/proc`` for the command's descendants,
-its session, its process group and the processes that inherited its run marker.
+its session, its process group and the processes that inherited its run marker (where there
+is no ``/proc``, only its process group).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigurationError, ToolError
-from .base import Tool
+from .base import Tool, in_thread
 
 SHELL_TIMEOUT = 30.0
 MAX_SHELL_OUTPUT = 64_000
@@ -70,9 +74,8 @@ def sandbox_available(bwrap: str | None = None) -> bool:
     if path not in _probe_cache:
         try:
             done = subprocess.run(
-                [path, "--ro-bind", "/usr", "/usr", *_links(), "--dev", "/dev",
-                 "--proc", "/proc", "--unshare-net", "--unshare-pid", "--die-with-parent",
-                 "/bin/sh", "-c", "true"],
+                [path, *_system_view(), "--unshare-net", "--unshare-pid", "--die-with-parent",
+                 "--cap-drop", "ALL", "/bin/sh", "-c", "true"],
                 capture_output=True, timeout=10, check=False,
             )
             _probe_cache[path] = done.returncode == 0
@@ -128,6 +131,7 @@ def shell_tool(
     for path in masked:
         _check_hideable(path, workdir)
     store_files: set[str] = set()
+    killers = threading.BoundedSemaphore(4)
     note = SANDBOXED_NOTE if use_sandbox else UNSANDBOXED_NOTE
 
     def hide(paths: Sequence[str]) -> None:
@@ -144,6 +148,7 @@ def shell_tool(
         args += ["--chdir", workdir,
                  "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                  "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                 "--cap-drop", "ALL",  # as root, bwrap would keep e.g. CAP_SYS_MODULE/_TIME
                  "/bin/sh", "-c", command]
         return args
 
@@ -177,8 +182,11 @@ def shell_tool(
         except TimeoutError:
             stopped = f"timed out after {timeout:g}s; the command was killed"
         finally:
-            # Also ends what the command left running in the background, wherever it went.
-            _kill_tree(process.pid, marker)
+            # Also ends what the command left running in the background, wherever it went:
+            # the group at once, then the walk of /proc (tens of ms) in a thread of its own.
+            _kill_group(process.pid)
+            await in_thread(functools.partial(_kill_tree, process.pid, marker), killers,
+                            "cogency-shell-kill")
             await asyncio.wait_for(process.wait(), 5)
         text = bytes(output[:max_output]).decode("utf-8", "replace")
         status = stopped or f"exit code {process.returncode}"
@@ -321,10 +329,20 @@ def _kill_tree(leader: int, marker: str) -> None:
                 pass
 
 
+def _kill_group(leader: int) -> None:
+    # The command leads its own process group (start_new_session); it may be gone already.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signal.SIGKILL)
+
+
 def _processes() -> dict[int, tuple[int, int, int]]:
     """Live (not zombie) processes: pid → (parent pid, process group, session)."""
-    table = {}
-    for entry in os.listdir("/proc"):
+    table: dict[int, tuple[int, int, int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc (not Linux): the process group was killed, that is all
+        return table
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:
