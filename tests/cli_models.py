@@ -1,7 +1,8 @@
 """Model factories the CLI tests name with ``--llm cli_models:…`` (tests/ is on PYTHONPATH).
 
 The script comes from the JSON file in ``$COGENCY_TEST_SCRIPT``; the string ``"<hang>"``
-stands for a reply that never comes (to interrupt a run).
+stands for a reply that never comes (to interrupt a run), ``"<rate-limit>"`` for a provider's
+refusal that the agent retries.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import json
 import os
 
-from cogency.errors import AuthenticationError
+from cogency.errors import AuthenticationError, RateLimitError
 from cogency.testing import ScriptedLLM
 
 
@@ -21,7 +22,9 @@ async def _hang(messages):
 def scripted() -> ScriptedLLM:
     with open(os.environ["COGENCY_TEST_SCRIPT"], encoding="utf-8") as source:
         script = json.load(source)
-    return ScriptedLLM([_hang if item == "<hang>" else item for item in script])
+    special = {"<hang>": _hang, "<rate-limit>": RateLimitError("HTTP 429: slow down")}
+    return ScriptedLLM([special.get(item, item) if isinstance(item, str) else item
+                        for item in script])
 
 
 def bad_key() -> ScriptedLLM:

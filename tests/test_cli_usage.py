@@ -134,6 +134,16 @@ def test_model_loading_and_waits_are_shown_as_they_happen(cli):
     assert "late but here" in done.stdout
 
 
+def test_retries_are_shown_as_they_happen(cli):
+    done = cli("run", "hi", script=["<rate-limit>", "<rate-limit>", step(response="made it")])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    retries = [line for line in lines if line.startswith("! ")]
+    assert retries == ["! RateLimitError: HTTP 429: slow down: retrying in 0.5 s (retry 1)",
+                       "! RateLimitError: HTTP 429: slow down: retrying in 1.0 s (retry 2)"]
+    assert lines.index(retries[1]) < lines.index("made it")
+
+
 def test_json_prints_tokens_only_when_asked(cli):
     plain = cli("run", "hi", "--json", llm="cli_models:streaming",
                 script=[step(response="a long enough answer to stream in pieces")])

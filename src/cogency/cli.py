@@ -626,10 +626,8 @@ class _View:
             self._line("")
             self._line(style.bold(visible(event.text)))
         elif kind == "retry":
-            self._line(style.yellow(
-                f"! {visible(str(getattr(event, 'reason', '')))}: retrying in "
-                f"{getattr(event, 'delay', 0):g} s (attempt {getattr(event, 'attempt', '?')})"
-            ))
+            self._line(style.yellow(f"! {visible(event.reason)}: retrying in {event.delay:.1f} s "
+                                    f"(retry {event.attempt})"))
         elif kind == "error":
             if not event.fatal:
                 self._line(style.yellow(f"! {visible(event.message)}"))
