@@ -91,6 +91,29 @@ def test_hints_work_as_printed_and_resume_keeps_tools_and_root(cli, tmp_path, db
     assert shown.returncode == 0 and "assistant: The code is 7." in shown.stdout
 
 
+def test_a_task_held_by_a_live_run_names_the_release_command(cli, db_path):
+    held = subprocess.Popen(
+        cli.argv(("run", "a long task", "--json", "--user", "bob"), "cli_models:scripted",
+                 False, True),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli.env(["<hang>"]), cwd=cli.tmp,
+    )
+    try:
+        task = json.loads(held.stdout.readline())["task_id"]
+        busy = cli("resume", task, "--user", "bob", script=[step(response="x")])
+        assert busy.returncode == 1 and "is running in another process" in busy.stderr
+        release = f"cogency tasks release {task} --user bob --db {db_path}"
+        assert release in busy.stderr
+        released = subprocess.run(shlex.split(release), capture_output=True, text=True,
+                                  env=cli.env(), timeout=60)
+        assert released.returncode == 0, released.stderr
+        assert f"Resume it with: cogency resume {task} --user bob --db {db_path}" in \
+            released.stdout
+    finally:
+        held.kill()
+        held.communicate()
+    assert rows(db_path, "SELECT runner FROM task_workspaces") == [(None,)]
+
+
 def test_unknown_conversation_is_an_error_and_an_id_alone_shows_one(cli, db_path):
     first = cli("run", "first", "--user", "erin", "--json", script=[step(response="one")])
     conversation = json.loads(first.stdout.splitlines()[0])["conversation_id"]

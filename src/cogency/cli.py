@@ -69,9 +69,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the one place that turns errors into a line
         if args.debug:
             traceback.print_exc()
-        message = str(exc) or type(exc).__name__
+        message = _concrete(str(exc) or type(exc).__name__, args, progress.get("task_id"))
         print(f"error: {visible(message)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _concrete(message: str, args: argparse.Namespace, task: str | None) -> str:
+    """``message`` with the library's generic command suggestions (`cogency tasks`, …) made
+    into commands that work as printed for this invocation."""
+    task = task or getattr(args, "task_id", None)
+    if task:
+        message = message.replace("`cogency tasks release TASK_ID --user USER`",
+                                  command_hint(args, "tasks", "release", task))
+    return (message
+            .replace("`cogency conversations --user USER`", command_hint(args, "conversations"))
+            .replace("`cogency tasks`", command_hint(args, "tasks")))
 
 
 # -- the parser: one function per subcommand --------------------------------------------------
