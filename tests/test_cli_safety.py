@@ -8,6 +8,7 @@ import pytest
 from cli_run import Cli, rows, step
 
 from cogency import Agent
+from cogency.cli import _has_secret
 from cogency.errors import UsageError
 from cogency.testing import ScriptedLLM
 
@@ -101,3 +102,13 @@ def test_cli_refuses_ids_that_look_like_others(cli, db_path):
     shown = cli("profile", "show", "al\u200bice")
     assert shown.returncode == 1 and "invisible characters" in shown.stderr
     assert_inert(shown.stderr.encode())
+
+
+@pytest.mark.parametrize(("spec", "secret"), [
+    ("openai:gpt-4o-mini", False), ("openai:m@http://host:8000/v1", False),
+    ("npx -y @modelcontextprotocol/server-everything", False),
+    ("openai:m@http://user:pw@host/v1", True), ("npx server --api-key=sk-1", True),
+    ("npx server --token abc", True), ("server API_KEY=abc", True),
+])
+def test_specs_with_credentials_are_not_stored_with_a_task(spec, secret):
+    assert _has_secret(spec) is secret

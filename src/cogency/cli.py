@@ -921,9 +921,18 @@ def _read_store(args: argparse.Namespace) -> Any:
     return open_store(args.db, read_only=True)
 
 
-def _has_secret(llm: str) -> bool:
-    """Whether a model spec carries credentials (``user:password@`` in a server URL)."""
-    return re.search(r"://[^/]*@", llm) is not None
+_SECRET = re.compile(
+    r"://[^/\s]*@"  # user:password@host
+    r"|(?i:(?:key|token|secret|passw(?:or)?d|auth)[\w-]*\s*[=:])"  # API_KEY=…, token: …
+    r"|(?i:\s-{1,2}[\w-]*(?:key|token|secret|passw(?:or)?d|auth)[\w-]*\s)"  # --token …
+)
+"""Credentials in a model spec or MCP command line: ``user:pw@`` in a URL, ``--api-key=…``."""
+
+
+def _has_secret(spec: str) -> bool:
+    """Whether a model spec or MCP command line seems to carry credentials (then it is not
+    stored with the task: resuming it needs ``--llm``/``--mcp`` again)."""
+    return _SECRET.search(spec) is not None
 
 
 def _count(number: int, noun: str) -> str:
