@@ -199,10 +199,12 @@ def test_the_readme_test_example_runs_outside_this_repository(tmp_path):
     project = tmp_path / "elsewhere"
     project.mkdir()
     (project / "test_my_agent.py").write_text("# test_my_agent.py" + example)
+    # Only pytest-asyncio's plugin (other installed plugins would just slow the start-up).
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_agent.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+         "pytest_asyncio.plugin", "test_my_agent.py"],
         capture_output=True, text=True, cwd=project, timeout=120,
-        env={**os.environ, "PYTEST_ADDOPTS": ""},
+        env={**os.environ, "PYTEST_ADDOPTS": "", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
