@@ -4,6 +4,8 @@ visible marker."""
 
 from __future__ import annotations
 
+import json
+
 import random
 import string
 
@@ -73,7 +75,7 @@ async def test_a_query_that_cannot_fit_is_a_clear_error_before_any_call(store, d
         assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,)
 
 
-async def test_an_oversized_tool_result_is_cut_with_a_marker(store):
+async def test_an_oversized_tool_result_is_cut_with_a_marker(store, db):
     big = long_text(20_000, seed=3)  # a tool's whole output (the tool layer's own cap)
 
     @tool
@@ -91,9 +93,12 @@ async def test_an_oversized_tool_result_is_cut_with_a_marker(store):
     tool_message = second[-1]["content"]
     assert tool_message.startswith("TOOL RESULT fetch_page")
     assert tool_message.endswith("</tool_output>")
+    # What the tool layer stored (it caps every result on its own) is what the window cuts.
+    (stored,) = db.execute("SELECT content FROM conversation_messages WHERE role = 'tool'").fetchone()
+    body = json.loads(stored)["output"]
     kept = tool_message.split("<tool_output>\n", 1)[1].split("\n[…", 1)[0]
-    assert big.startswith(kept) and len(kept) > 2_000
-    left = len(big) - len(kept)
+    assert big.startswith(kept) and body.startswith(kept) and len(kept) > 2_000
+    left = len(body) - len(kept)
     assert f"[… {left:,} more characters" in tool_message
     assert "left out: too large for the model's context window]" in tool_message
     assert sum(count_tokens(m["content"]) + 8 for m in second) <= 4_000 - 1_024
