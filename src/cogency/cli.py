@@ -438,7 +438,7 @@ async def _conversations(args: argparse.Namespace, progress: dict[str, Any]) -> 
     style = _Style(sys.stdout)
     for item in conversations:
         print(f"{style.bold(visible(item.conversation_id, keep=''))}  "
-              f"{item.message_count} messages  {_iso(item.updated_at)}")
+              f"{_count(item.message_count, 'message')}  {_iso(item.updated_at)}")
     newest = command_hint(args, "conversations", conversations[0].conversation_id)
     print(style.dim(f"show the newest: {newest}"))
     return EXIT_OK
@@ -556,7 +556,7 @@ async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
     if end.stop_reason in ("completed", "security"):
         return EXIT_OK
     if fatal is None:
-        fatal = f"the task stopped ({end.stop_reason}) after {end.iterations} iterations"
+        fatal = f"the task stopped ({end.stop_reason}) after {_count(end.iterations, 'iteration')}"
     print(f"error: {visible(fatal)}; resume with: {command_hint(args, 'resume', end.task_id)}",
           file=sys.stderr)
     return EXIT_ERROR
@@ -644,8 +644,8 @@ class _View:
             if not event.fatal:
                 self._line(style.yellow(f"! {visible(event.message)}"))
         elif kind == "end":
-            self._line(style.dim(f"{visible(event.stop_reason)} · {event.iterations} iteration"
-                                 f"{'' if event.iterations == 1 else 's'}"))
+            self._line(style.dim(f"{visible(event.stop_reason)} · "
+                                 f"{_count(event.iterations, 'iteration')}"))
             return
         if self.spinner and kind != "response":
             self.spinner.start("working" if kind in ("action", "result") else "thinking")
