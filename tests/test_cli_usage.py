@@ -143,6 +143,9 @@ def test_the_query_comes_from_stdin(cli, db_path):
     assert [len(text) for (text,) in stored] == [len(big) - 1, len("piped question")]
     empty = cli("run", "-", input=b"  \n", script=[step(response="x")])
     assert empty.returncode == 1 and "empty" in empty.stderr
+    huge = cli("run", "-", input=b"x" * (16 * 2**20 + 1), script=[step(response="x")])
+    assert huge.returncode == 1 and "larger than 16 MB" in huge.stderr
+    assert rows(db_path, "SELECT COUNT(*) FROM conversation_messages WHERE role = 'user'") == [(2,)]
 
 
 def test_model_loading_and_waits_are_shown_as_they_happen(cli):
