@@ -581,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     text = document(results, plan, info, plot_name)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
+        kept = _kept_sections(output)
+        output.write_text(text.rstrip("\n") + "\n\n" + kept if kept else text)
         log(f"wrote {output}")
     else:
         print(markdown_table(summarise(results)))
@@ -590,6 +591,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"info": info, "results": results}))
     return 0
+
+
+def _kept_sections(path: Path) -> str:
+    """Sections other benchmarks wrote into ``path`` (``bench.bench_offline``'s), kept as is."""
+    from bench.bench_offline import BEGIN, END
+
+    text = path.read_text() if path.exists() else ""
+    if BEGIN not in text or END not in text:
+        return ""
+    return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@
    PostgreSQL is measured twice: with the server's default durable commits (each waits for a
    disk flush) and with ``synchronous_commit=False``, the durability of the SQLite store's
    WAL + synchronous=NORMAL (safe from process crashes; an OS crash may lose the last commits).
+   Turn 10 against turn 1,000 (``--quick``: 60) shows whether a turn slows as history grows.
+3. Round trips to PostgreSQL of one one-step turn (a task answered at once) in a warm store,
+   counted at the driver, by store call.
 
 The machine has 2 cores shared with other work: absolute figures are noisy; ratios measured
 in one run are the figures to compare.
@@ -162,6 +165,62 @@ async def round_trip(store: PostgresStore, count: int = 200) -> float:
     return statistics.median(times)
 
 
+# -- part 3: round trips -----------------------------------------------------------------------
+
+
+async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
+    """Statements sent to the server during one one-step turn, by the store call that sent
+    them (after ``turns`` warm-up turns in the same conversation) on database ``dsn``."""
+    import asyncpg
+
+    sent = [0]
+    connection = asyncpg.connection.Connection
+    originals = {name: getattr(connection, name) for name in ("execute", "_execute", "executemany")}
+
+    async def execute(self, query, *args, **options):  # BEGIN/COMMIT go through here
+        sent[0] += 0 if args else 1
+        return await originals["execute"](self, query, *args, **options)
+
+    async def _execute(self, *args, **options):
+        sent[0] += 1
+        return await originals["_execute"](self, *args, **options)
+
+    async def executemany(self, *args, **options):
+        sent[0] += 1
+        return await originals["executemany"](self, *args, **options)
+
+    phases: dict[str, int] = {}
+    store = PostgresStore(dsn)
+    for name in ("begin_task", "load_messages", "save", "claim_task", "release_task"):
+        method = getattr(store, name)
+
+        async def counted(*args, _method=method, _name=name, **options):
+            before = sent[0]
+            try:
+                return await _method(*args, **options)
+            finally:
+                phases[_name] = phases.get(_name, 0) + sent[0] - before
+
+        setattr(store, name, counted)
+    connection.execute, connection._execute = execute, _execute
+    connection.executemany = executemany
+    try:
+        conversation = None
+        for turn in range(turns + 1):
+            phases.clear()
+            before = sent[0]
+            agent = Agent(llm=ScriptedLLM([{"secure": True, "response": f"answer {turn}",
+                                            "actions": []}]), store=store)
+            result = await agent.run(f"turn {turn}", "alice", conversation)
+            conversation = result.conversation_id
+            phases["total"] = sent[0] - before
+    finally:
+        for name, original in originals.items():
+            setattr(connection, name, original)
+        await store.close()
+    return phases
+
+
 # -- part 2: per-turn cost -------------------------------------------------------------------
 
 
@@ -195,12 +254,12 @@ async def per_turn(turns: int) -> dict[str, dict[str, float]]:
             finally:
                 for store in stores.values():
                     await store.close()
-    fifth = max(1, turns // 5)
+    # Turn 10 and the last turn, each as the median of the 11 turns around it.
     figures = {
         name: {
             "median": statistics.median(values),
-            "early": statistics.median(values[:fifth]),
-            "late": statistics.median(values[-fifth:]),
+            "early": statistics.median(values[4:15]),
+            "late": statistics.median(values[-11:]),
         }
         for name, values in times.items()
     }
@@ -209,7 +268,7 @@ async def per_turn(turns: int) -> dict[str, dict[str, float]]:
 
 
 async def main(quick: bool) -> None:
-    tasks, runs, turns = (20, 1, 60) if quick else (60, 3, 300)
+    tasks, runs, turns = (20, 1, 60) if quick else (60, 3, 1000)
     print(f"PostgreSQL benchmark ({'quick' if quick else 'full'}): {os.cpu_count()} cores, "
           "shared and busy: absolute figures are noisy, compare the ratios")
     rates = await throughput(tasks, runs)
@@ -219,7 +278,8 @@ async def main(quick: bool) -> None:
         print(f"   {processes} worker(s): {rate:7.1f} tasks/s   scaling x{rate / rates[1][0]:.2f}"
               f"   worker CPU {cpu:5.2f} ms/task")
     costs = await per_turn(turns)
-    print(f"\n2. per-turn cost of one durable conversation ({turns} turns, instant model)")
+    print(f"\n2. per-turn cost of one durable conversation ({turns} turns, instant model; "
+          "early = turn 10, late = the last turn, each the median of 11 turns around it)")
     for name, figures in costs.items():
         print(f"   {name:21s}: median {figures['median']:6.2f} ms   early {figures['early']:6.2f}"
               f" ms   late {figures['late']:6.2f} ms")
@@ -230,6 +290,11 @@ async def main(quick: bool) -> None:
           f"late/early on postgres: x{pg['late'] / pg['early']:.2f}")
     print(f"   one PostgreSQL round trip (SELECT 1, same pool, same moment): "
           f"{pg['round_trip']:.3f} ms; a turn costs {pg['median'] / pg['round_trip']:.0f} of them")
+    async with fresh_database() as dsn:
+        trips = await round_trips(dsn)
+    print("\n3. round trips to PostgreSQL of one one-step turn (warm store): "
+          f"{trips.pop('total')} in all; by store call: "
+          + ", ".join(f"{name} {count}" for name, count in trips.items()))
 
 
 if __name__ == "__main__":

@@ -61,3 +61,10 @@ def big_window() -> ScriptedLLM:
     llm = scripted()
     llm.context_window = 2_000_000
     return llm
+
+
+def small_window() -> ScriptedLLM:
+    """The scripted model with a 2,048-token context window."""
+    model = scripted()
+    model.context_window = 2048
+    return model

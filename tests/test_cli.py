@@ -147,3 +147,15 @@ def test_ctrl_c_exits_130_and_leaves_the_task_resumable(tmp_path, db_path):
     assert f"resume with: cogency resume {start['task_id']}" in err
     assert rows(db_path, "SELECT task_id, runner FROM task_workspaces") == [
         (start["task_id"], None)]  # saved, and released so it can be resumed at once
+
+
+def test_a_query_too_long_for_the_window_is_a_clear_error(cli, db_path):
+    from cogency.tokens import count_tokens
+
+    query = " ".join(f"word{i}" for i in range(4_000))
+    done = cli("run", query, script=[step(response="never")], llm="cli_models:small_window")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"the query is {count_tokens(query):,} tokens" in done.stderr
+    assert "context window of 2,048 tokens" in done.stderr
+    assert not db_path.exists() or rows(db_path, "SELECT COUNT(*) FROM conversation_messages") \
+        == [(0,)]

@@ -12,6 +12,7 @@ from cli_run import COMMAND, Cli, rows, step
 
 from cogency import Agent
 from cogency.errors import CogencyError, NotFoundError, StorageError
+from cogency.state import State
 from cogency.storage import SQLiteStore, open_store
 from cogency.storage.base import MIGRATION_NAMES
 from cogency.storage.sqlite import migrate
@@ -88,22 +89,28 @@ def test_an_old_schema_read_only_says_to_upgrade_and_is_left_alone(cli, tmp_path
 
 
 async def test_read_only_stores_read_and_never_write(any_store, tmp_path):
-    """Both backends: a read-only store lists what a writable one stored, and refuses writes."""
+    """Both backends: a read-only store lists what a writable one stored (a task's settings
+    included), and refuses writes."""
     await any_store.forget_user("nobody")  # opens and migrates the schema
     async with Agent(llm=ScriptedLLM([step(objective="count")]), store=any_store,
                      max_iterations=1) as agent:
         await agent.run("count to three", user_id="ann")
+    kept = await State.start_task("later", "ann", store=any_store,
+                                  settings={"tools": "files", "root": "/srv/x"})
     where = any_store.path if isinstance(any_store, SQLiteStore) else any_store.dsn
     reader = open_store(where, read_only=True)
     try:
-        (task,) = await reader.list_tasks("ann")
-        assert task.query == "count to three"
+        task, later = await reader.list_tasks("ann")
+        assert task.query == "count to three" and task.settings == {}
+        assert (later.task_id, later.settings) == (kept.task_id, {"tools": "files",
+                                                                   "root": "/srv/x"})
+        assert (await reader.load_task(later.task_id, "ann")).settings == later.settings
         assert (await reader.load_profile("ann")).user_id == "ann"
         with pytest.raises(CogencyError):
             await reader.forget_user("ann")
     finally:
         await reader.close()
-    assert [t.task_id for t in await any_store.list_tasks("ann")] == [task.task_id]
+    assert [t.task_id for t in await any_store.list_tasks("ann")] == [task.task_id, kept.task_id]
 
 
 async def test_read_only_postgres_never_migrates():

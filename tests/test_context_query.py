@@ -124,3 +124,4 @@ async def test_on_resume_the_task_s_own_messages_come_back_whole(store):
     assert sent[1] == {"role": "user", "content": query}
     assert sent[2]["role"] == "assistant" and '"note"' in sent[2]["content"]
     assert sent[3]["content"].startswith("TOOL RESULT note")
+

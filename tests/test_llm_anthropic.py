@@ -299,3 +299,13 @@ async def test_options_reach_the_wire_and_a_max_tokens_stop_is_reasked_higher(se
     bodies = [request.body for request in server.requests]
     assert [body["max_tokens"] for body in bodies] == [64, 128]
     assert all(body["temperature"] == 0 and body["top_k"] == 5 for body in bodies)
+
+
+async def test_a_server_that_refuses_the_step_tool_gets_the_prompt_alone(server):
+    server.script(error(400, "invalid_request_error", "tool_choice is not supported"),
+                  Reply(body=message('{"response": "ok"}')))
+    llm = make(server)
+    reply = await llm.generate(MESSAGES, schema=step_schema([], True))
+    await llm.close()
+    assert reply.text == '{"response": "ok"}'
+    assert "tools" in server.requests[0].body and "tools" not in server.requests[1].body

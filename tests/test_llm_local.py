@@ -4,17 +4,45 @@ from __future__ import annotations
 
 import io
 import json
+import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 from conftest import IN_CI
 
-from cogency import Agent
+from cogency import Agent, Memory
 from cogency.errors import ConfigurationError
 from cogency.llm import LocalLLM, OpenAILLM
-from cogency.llm._local import MODEL_MEMBER, cache_dir, default_model_path
+from cogency.context import system_prompt
+from cogency.llm._local import (
+    ANSWER,
+    LIST_ITEMS,
+    MODEL_MEMBER,
+    cache_dir,
+    default_model_path,
+    local_schema,
+    plain_messages,
+)
+from cogency.llm._local import _finished as finished
+from cogency.llm._schema import walk
+from cogency.memory.synthesizer import INSIGHT_SCHEMA
 from cogency.reason import parse_step, step_schema
+from cogency.tools import tool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.bench_offline import compare  # noqa: E402
+from bench.offline_questions import QUESTIONS  # noqa: E402
+
+
+def tool_named(name: str):
+    def read(path: str) -> str:
+        """Read a file."""
+        return path
+
+    read.__name__ = name
+    return tool(read)
 
 FAKE_GGUF = b"GGUF" + b"\x03\x00\x00\x00" + bytes(range(256)) * 64
 
@@ -110,12 +138,118 @@ async def test_agent_run_completes_offline(model_path, store, db):
     assert result.stop_reason == "completed", result.error
     assert result.iterations == 1
     assert "4" in result.response
-    assert result.usage.input_tokens > 100 and result.usage.output_tokens > 10
+    assert result.usage.input_tokens > 10 and result.usage.output_tokens > 3
     rows = db.execute("SELECT role, content FROM conversation_messages ORDER BY seq").fetchall()
     assert rows == [("user", "What is 2 + 2?"), ("assistant", result.response)]
     assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (0,)
 
 
+# The benchmark's path (bench/bench_offline.py) on a few of its questions: the same server
+# asked plainly and through the agent. The full run and its figures: docs/benchmarks.md.
+CI_QUESTIONS = (
+    "What is the capital of Germany?", "What is 100 divided by 4?", "Name three colours.",
+    "Which planet do we live on?", "What is the opposite of hot?",
+)
+
+
+async def test_agent_answers_at_least_as_well_as_the_model_asked_plainly(
+    model_path, db_path, db
+):
+    questions = [q for q in QUESTIONS if q.text in CI_QUESTIONS]
+    llm = LocalLLM(model_path, n_ctx=2048)
+    try:
+        plain, through = await compare(llm, questions, str(db_path))
+    finally:
+        await llm.close()
+    assert sum(through.right) >= sum(plain.right), (plain.answers, through.answers)
+    assert sum(through.right) >= 3, through.answers
+    for answer in through.answers:
+        # never the contract's own text, never JSON leaking through as the answer
+        assert answer and "final answer" not in answer and not answer.lstrip().startswith("{")
+    stored = [content for (content,) in db.execute(
+        "SELECT content FROM conversation_messages WHERE role = 'assistant' ORDER BY rowid")]
+    assert stored == through.answers
+
+
+async def test_memory_with_the_default_local_model_gives_up_at_once(
+    model_path, store, db, caplog
+):
+    llm = LocalLLM(model_path, n_ctx=4096)
+    assert not llm.learns and LocalLLM(model_path, learns=True).learns
+    agent = Agent(llm=llm, store=store, memory=True)
+    for query in ("I am a Rust programmer. What is 2 + 2?", "What is the capital of Italy?"):
+        assert (await agent.run(query, user_id="rustacean")).stop_reason == "completed"
+    started = time.perf_counter()
+    await agent.close()
+    assert time.perf_counter() - started < 1.0  # nothing was pending
+    await llm.close()
+    (text,) = db.execute(
+        "SELECT profile_data FROM user_profiles WHERE user_id = 'rustacean'").fetchone()
+    assert json.loads(text)["interaction_count"] == 0  # no junk learned
+    said = [r.getMessage() for r in caplog.records if "too small to learn" in r.getMessage()]
+    assert len(said) == 1 and "Memory(llm=...)" in said[0]  # once, saying what to do
+    with pytest.raises(ConfigurationError, match="too small to learn"):
+        await Memory(store=store, llm=llm).learn("rustacean", {"query": "q"})
+
+
+# -- what the small model is sent (no model needed) ---------------------------------------------
+
+
+def test_a_step_that_can_only_answer_is_asked_as_plain_text():
+    llm = LocalLLM.__new__(LocalLLM)
+    llm.judge_security = False
+    no_tools = step_schema([], True)
+    assert llm.answers_plainly(no_tools)
+    llm.judge_security = True
+    assert not llm.answers_plainly(no_tools)
+    context = "USER CONTEXT: likes Rust\n\nWORKSPACE:\nobjective: \n\nEXECUTION:\niteration 1 of 10"
+    system = system_prompt(context + "\n\nTOOLS: none", "You are Ada.", True)
+    sent = plain_messages([{"role": "system", "content": system},
+                           {"role": "user", "content": "hi"}])
+    assert sent[0]["content"] == "USER CONTEXT: likes Rust\n\nYou are Ada.\n\n" + ANSWER
+    assert "JSON" not in sent[0]["content"] and sent[1] == {"role": "user", "content": "hi"}
+
+
+def test_local_schemas_are_short_and_bounded():
+    with_tools = local_schema(step_schema([tool_named("file_read")], True), False)
+    assert list(with_tools["properties"]) == ["secure", "response", "actions"]
+    assert with_tools["properties"]["secure"] == {"type": "boolean", "enum": [True]}
+    learning = local_schema(INSIGHT_SCHEMA, False)
+    for node in walk(learning):
+        if node.get("type") == "array":
+            assert node["maxItems"] <= LIST_ITEMS
+        if node.get("type") == "string":
+            assert node["maxLength"] <= 80
+    assert INSIGHT_SCHEMA["properties"]["goals"]["maxItems"] == 20  # the original is untouched
+
+
+def test_an_answer_cut_off_by_the_token_limit_ends_at_its_last_sentence():
+    assert finished("Paris is the capital. It has many muse", True) == "Paris is the capital."
+    assert finished("  The capital is Paris.  ", True) == "The capital is Paris."
+    assert finished("Paris, which is", True) == "Paris, which is…"
+    assert finished(" Paris", False) == "Paris"  # not cut: kept as it is
+
+
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_dir() == tmp_path / "cogency"
+
+
+async def test_with_tools_every_reply_is_a_valid_short_step(model_path, store):
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    llm = LocalLLM(model_path, n_ctx=4096)
+    async with Agent(llm=llm, tools=[add], store=store, max_iterations=3) as agent:
+        events = [event async for event in agent.stream("What is 2 + 3? Use the add tool.")]
+    await llm.close()
+    kinds = [event.type for event in events]
+    assert "error" not in kinds, [e.to_dict() for e in events if e.type == "error"]
+    end = events[-1].to_dict()
+    assert end["type"] == "end" and end["stop_reason"] != "invalid_response"
+    for event in events:
+        if event.type == "response":
+            text = event.to_dict()["text"]
+            assert "final answer" not in text and not text.lstrip().startswith("{")

@@ -370,11 +370,18 @@ async def test_the_context_window_is_asked_from_vllm_and_ollama(server):
     assert paths == [("GET", "/v1/models"), ("GET", "/v1/models"), ("GET", "/props"),
                      ("POST", "/api/show")]
     assert server.requests[-1].body == {"model": "llama3.2"}
+    # no num_ctx: Ollama serves its default (and cuts longer prompts silently)
+    server.script(models({"id": "llama3.2"}, {"id": "qwen"}), Reply(404, {"error": "no"}),
+                  Reply(body={"model_info": {"llama.context_length": 131072}}))
+    plain = OpenAILLM("llama3.2", base_url=server.url + "/v1")
+    await plain.start()
+    await plain.close()
+    assert plain.context_window == 4096
     # given explicitly: nothing is asked
     given = OpenAILLM("m", base_url=server.url + "/v1", context_window=2048)
     await given.start()
     await given.close()
-    assert given.context_window == 2048 and len(server.requests) == 4
+    assert given.context_window == 2048 and len(server.requests) == 7
 
 
 async def test_vllm_s_context_400_is_a_context_length_error(server):

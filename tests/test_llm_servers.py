@@ -139,6 +139,20 @@ async def test_openai_on_llama_cpp_a_context_400_is_mapped_then_trimmed(llama_se
     assert result.usage.calls == 1  # the rejected call cost nothing
 
 
+async def test_the_local_model_recognises_a_cut_off_reply_too(llama_server, store):
+    from cogency.llm import LocalLLM
+    from cogency.llm._local import default_model_path
+
+    llm = LocalLLM(default_model_path(), n_ctx=2048, threads=1, max_tokens=8)
+    async with Agent(llm=llm, store=store, max_iterations=1, invalid_retries=1) as agent:
+        events, result = await run(agent, QUESTION, user_id="lo")
+    await llm.close()
+    errors = [event.message for event in of(events, "error")]
+    assert "cut off at the output token limit (8 tokens)" in errors[0], errors
+    assert "cut off at the output token limit (16 tokens)" in errors[1], errors
+    assert result.stop_reason == "invalid_response" and result.usage.output_tokens == 24
+
+
 # -- Anthropic's Messages API on llama.cpp -----------------------------------------------------
 
 
@@ -148,7 +162,7 @@ def anthropic(url: str, **options) -> AnthropicLLM:
 
 
 async def test_anthropic_on_llama_cpp_streams_text_the_schema_is_not_enforced(
-    llama_server, store
+    llama_server, store, caplog
 ):
     llm = anthropic(llama_server, temperature=0)  # temperature reaches the wire (it was a
     async with Agent(llm=llm, store=store, max_iterations=1, invalid_retries=0) as agent:
@@ -161,6 +175,7 @@ async def test_anthropic_on_llama_cpp_streams_text_the_schema_is_not_enforced(
     [invalid] = of(events, "error")[:1]
     assert invalid.message.startswith("invalid reply:")
     assert result.stop_reason == "invalid_response"
+    assert "ignores tool_choice, so structured output is not enforced" in caplog.text
     assert result.usage.calls == 1 and result.usage.input_tokens > 300
     assert 0 < result.usage.output_tokens <= 60
 
@@ -203,8 +218,23 @@ async def test_gemini_through_litellm_run_stream_schema(litellm_proxy, store, db
     assert_ended_by(step, result)
     assert len(of(events, "token")) > 5
     assert result.usage.calls == 1
+    # LiteLLM 1.106.2's Gemini stream sends usageMetadata of zeros: nothing to sum (the
+    # adapter reads it: see generate() below, and test_llm_gemini.py's fake stream)
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 0)
     stored = db.execute("SELECT role FROM conversation_messages ORDER BY seq").fetchall()
     assert stored == [("user",), ("assistant",)]
+
+
+async def test_gemini_through_litellm_calls_a_tool(litellm_proxy, store):
+    llm = gemini(litellm_proxy)
+    async with Agent(llm=llm, tools=[add], store=store, max_iterations=1) as agent:
+        events, result = await run(agent, "Use the add tool to add 2 and 3.", user_id="gt")
+    await llm.close()
+    [action] = of(events, "action")
+    [done] = of(events, "result")
+    assert action.name == "add" and set(action.args) == {"a", "b"}
+    assert done.ok and done.output == str(action.args["a"] + action.args["b"])
+    assert result.stop_reason == "max_iterations"
 
 
 async def test_gemini_through_litellm_usage_and_errors(litellm_proxy, store):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 
 import pgutil
 import pytest
@@ -152,3 +154,12 @@ async def test_concurrent_runs_on_one_conversation_keep_every_message_in_order(p
         assert [c for _, r, c in stored if r == "user" and c == f"m{index}"] == [f"m{index}"]
         assert sum(1 for _, _, c in stored if c == f"ok {index}") == 1
     assert await pgutil.raw_rows(pg)("SELECT task_id FROM task_workspaces") == []
+
+
+async def test_a_one_step_turn_is_two_round_trips(pg):
+    """Starting the task (its lease, its query and the new history) is one statement, and
+    completing it (fenced, idempotent) another: counted at the driver, as the benchmark does."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.bench_postgres import round_trips
+
+    assert await round_trips(pg.dsn) == {"begin_task": 1, "save": 1, "total": 2}

@@ -388,7 +388,7 @@ async def test_a_claim_fences_out_the_previous_epoch(any_store, raw):
 
 class _LostReply:
     """A store whose reply to the ``nth`` save is lost: the save lands, the caller hears the
-    connection died during COMMIT (as ``PostgresStore`` reports it)."""
+    connection died before the outcome was known (as ``PostgresStore`` reports it)."""
 
     def __init__(self, store: Any, nth: int) -> None:
         self._store, self._left = store, nth
@@ -401,8 +401,8 @@ class _LostReply:
         self._left -= 1
         if self._left == 0:
             raise StoreUnavailableError(
-                "the connection was lost during the COMMIT of saving a task; the change may or "
-                "may not have been stored: reload before retrying"
+                "the connection was lost before the outcome of saving a task was known; the "
+                "change may or may not have been stored: reload before retrying"
             )
         return version
 
@@ -420,7 +420,7 @@ async def test_a_save_retried_after_a_lost_commit_reply_stores_nothing_twice(
         return f"noted {text}"
 
     agent = Agent(llm=llm, tools=[note], store=_LostReply(any_store, nth=1))
-    with pytest.raises(StoreUnavailableError, match="COMMIT"):
+    with pytest.raises(StoreUnavailableError, match="may or may not"):
         await agent.run("take a note", user_id="u")
 
     [(task_id, runner, data, version)] = await raw(

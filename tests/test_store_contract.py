@@ -447,3 +447,32 @@ async def test_claims_and_force_release_move_the_lease_epoch(any_store, raw):
     assert await any_store.force_release(state.task_id, "alice") == runner
     assert await raw("SELECT runner, epoch FROM task_workspaces") == [(None, 2)]
     assert await any_store.claim_task(state.task_id, "alice", new_runner()) == 3
+
+
+async def test_a_started_tasks_window_sees_other_processes_writes(any_store, raw):
+    """Each store caches history windows; another process's appends, and a conversation
+    erased and made again under its id, still show in the next task's window."""
+    from cogency.storage.base import new_runner
+
+    other = SQLiteStore(any_store.path) if isinstance(any_store, SQLiteStore) else type(
+        any_store)(any_store.dsn)
+    try:
+        async def started(store: Any, query: str) -> list[str]:
+            state = await State.start_task(query, "alice", "c", store=store, record_query=True,
+                                           runner=new_runner(), history_tokens=60)
+            window = [m["content"] for m in state.execution.messages]
+            assert window == [m["content"] for m in await store.load_messages(
+                "c", "alice", token_budget=60)]  # what a fresh read finds
+            add_message(state, "assistant", f"answer to {query}")
+            await state.complete_task()
+            return window
+
+        for turn in range(6):  # turns alternate between the two stores
+            store = any_store if turn % 2 == 0 else other
+            window = await started(store, f"q{turn} " + "word " * 3)
+            assert window[-1].startswith(f"q{turn}") and (len(window) > 2 or turn == 0)
+        await other.forget_user("alice")
+        assert await started(any_store, "after forget") == ["after forget"]
+        assert await seqs(raw, "c") == [1, 2]
+    finally:
+        await other.close()

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ._json import dumps
-from .context import Budgets, build_context, check_query_fits, prompt_messages, system_prompt
+from .context import (
+    MESSAGE_TOKENS,
+    Budgets,
+    build_context,
+    check_query_fits,
+    prompt_messages,
+    system_prompt,
+)
 from .errors import ContextLengthError, LeaseLostError, LLMError, StoreLockedError, UsageError
 from .events import Action, End, Error, Event, Reason, Response, Result, Retry, Start, Token
 from .llm.base import LLM, Usage, retries_reported_to
@@ -415,7 +422,7 @@ class Agent:
                           list(tools.values()), self.budgets),
             self.identity, True,
         )
-        check_query_fits(count_tokens(query), count_tokens(system) + 8, window,
+        check_query_fits(count_tokens(query), count_tokens(system) + MESSAGE_TOKENS, window,
                          self.budgets.output)
 
     async def _tools_for_run(self) -> dict[str, Tool]:

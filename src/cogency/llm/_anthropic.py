@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,6 +12,8 @@ from ..errors import ConfigurationError, RefusalError
 from ._provider import Failure, ProviderLLM, require
 from ._schema import for_anthropic
 from .base import Completion, Message, Usage
+
+log = logging.getLogger("cogency.llm")
 
 ANTHROPIC_CONTEXT = 200_000
 DEFAULT_MAX_TOKENS = 4096
@@ -55,6 +58,7 @@ class AnthropicLLM(ProviderLLM):
                 "or use llm='local' to run offline"
             )
         self.extra_body = extra_body or {}
+        self._warned = False
         self._sdk = sdk
         self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
         self._client = sdk.AsyncAnthropic(
@@ -100,6 +104,7 @@ class AnthropicLLM(ProviderLLM):
             text = json.dumps(calls[0]) if calls else "".join(
                 block.text for block in reply.content if getattr(block, "type", "") == "text"
             )
+            self._check_enforced(schema, bool(calls))
             yield Completion(text, _usage(reply.usage, None),
                              truncated=reply.stop_reason == "max_tokens")
             return
@@ -127,8 +132,16 @@ class AnthropicLLM(ProviderLLM):
                     delta_usage = event.usage
                     stop_reason = event.delta.stop_reason or stop_reason
         self._check_stop(stop_reason)
+        self._check_enforced(schema, in_call)
         yield Completion("".join(parts), _usage(start_usage, delta_usage),
                          truncated=stop_reason == "max_tokens")
+
+    def _check_enforced(self, schema: dict[str, Any] | None, called: bool) -> None:
+        if schema is not None and not called and not self._warned:
+            self._warned = True  # once: every reply from this server will be the same
+            log.warning("%s answered in text although the step tool was forced: the server "
+                        "ignores tool_choice, so structured output is not enforced (replies "
+                        "are still validated)", self.name)
 
     def _check_stop(self, stop_reason: str | None) -> None:
         if stop_reason == "refusal":

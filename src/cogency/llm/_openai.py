@@ -17,6 +17,9 @@ from ._schema import for_openai
 from .base import Completion, Message, Usage
 
 OPENAI_CONTEXT = 128_000
+OLLAMA_DEFAULT_CONTEXT = 4096
+"""What Ollama serves a model with unless ``num_ctx`` says otherwise (it cuts longer prompts
+silently, so the model's own maximum would be a promise Ollama does not keep)."""
 MAX_PROBE_BYTES = 1 << 20
 """A server's answer about its window is read up to this size (it could send anything)."""
 
@@ -33,7 +36,8 @@ class OpenAILLM(ProviderLLM):
 
     ``context_window`` defaults to 128,000 for the official API; for another ``base_url``
     the server is asked on the first call (llama.cpp's ``/props``, ``max_model_len`` from
-    vLLM's ``/v1/models``, Ollama's ``/api/show``), falling back to 128,000 with a warning.
+    vLLM's ``/v1/models``, Ollama's ``/api/show``: its ``num_ctx``, else Ollama's default of
+    4,096), falling back to 128,000 with a warning.
     """
 
     provider = "openai"
@@ -209,8 +213,8 @@ def server_context_window(base_url: str, model: str, key: str = "") -> int | Non
         info = shown.get("model_info")
         if isinstance(info, dict):
             for name, value in info.items():
-                if str(name).endswith(".context_length") and positive(value):
-                    return positive(value)
+                if str(name).endswith(".context_length") and (found := positive(value)):
+                    return min(found, OLLAMA_DEFAULT_CONTEXT)
     return None
 
 

@@ -389,7 +389,8 @@ def _status_of_error_body(body: Any) -> int | None:
 def _mentions_schema(message: str) -> bool:
     text = message.lower()
     return any(word in text for word in ("schema", "response_format", "output_config",
-                                         "output_format", "structured", "json mode"))
+                                         "output_format", "structured", "json mode",
+                                         "tool_choice", "tool use", "tools are not"))
 
 
 async def _aclose(iterator: Any) -> None:

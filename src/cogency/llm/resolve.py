@@ -37,7 +37,6 @@ COMPATIBLE = {
     "groq": ("https://api.groq.com/openai/v1", "GROQ_API_KEY"),
 }
 OLLAMA_URL = "http://localhost:11434/v1"
-OLLAMA_CONTEXT = 8192
 _FACTORY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w.]*$")
 
 
@@ -69,7 +68,7 @@ def from_string(spec: str) -> tuple[LLM, bool]:
         host = os.environ.get("OLLAMA_HOST")
         base = OLLAMA_URL if not host else _ollama_url(host)
         return OpenAILLM(_need_model(model, "ollama", "llama3.1"), base_url=base,
-                         provider="ollama", context_window=OLLAMA_CONTEXT), True
+                         provider="ollama"), True  # its window: asked on the first run
     if provider in COMPATIBLE:
         from ._openai import OpenAILLM
 

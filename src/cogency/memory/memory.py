@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .._fence import DATA_NOTE, fence
-from ..errors import ForgottenError, UsageError
+from ..errors import ConfigurationError, ForgottenError, UsageError
 from ..tokens import count_tokens, truncate_tokens
 from .synthesizer import EXCERPT_TOKENS, ImpressionSynthesizer
 
@@ -45,7 +45,8 @@ class Memory:
     the default database. Learning runs in the background (:meth:`learn_later`): a failed
     attempt is retried ``learn_retries`` times with backoff from ``retry_delay`` seconds, then
     kept (at most :data:`MAX_BACKLOG` per user) and retried before the user's next learning.
-    :meth:`settle` waits at most ``settle_timeout`` seconds for what is pending.
+    :meth:`settle` waits at most ``settle_timeout`` seconds for what is pending. What a
+    :meth:`forget` erased is never learned back (see :meth:`generation`).
     """
 
     store: Store | None = None
@@ -62,6 +63,7 @@ class Memory:
         init=False, repr=False, compare=False
     )
     _owns_store: bool = field(init=False, repr=False, compare=False, default=False)
+    _said_cannot_learn: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.synthesis_threshold, int) or self.synthesis_threshold < 1:
@@ -91,6 +93,11 @@ class Memory:
             raise UsageError(
                 "this Memory has no model to learn with; pass Memory(llm=...) or give it to an "
                 "Agent, whose model it then uses"
+            )
+        if not getattr(self.llm, "learns", True):
+            raise ConfigurationError(
+                f"{self.llm.name} is too small to learn user profiles (it copies the "
+                "interaction into every field); learn with a capable model: Memory(llm=...)"
             )
         return ImpressionSynthesizer(self.llm, self._store(), self.synthesis_threshold)
 
@@ -139,12 +146,20 @@ class Memory:
 
     def learn_later(
         self, user_id: str, interaction: dict[str, Any], *, generation: int | None = None
-    ) -> asyncio.Task[None]:
+    ) -> asyncio.Task[None] | None:
         """Learn in the background; the returned task never raises (failures are logged).
 
         Must be called with an event loop running. Learning of one user is serialized;
-        ``generation`` is as in :meth:`learn` (the agent reads it when a run starts).
+        ``generation`` is as in :meth:`learn` (the agent reads it when a run starts). With a
+        model that cannot learn (``llm.learns`` false: the default offline model) nothing is
+        scheduled and ``None`` is returned; the first time, a warning says so.
         """
+        if self.llm is not None and not getattr(self.llm, "learns", True):
+            if not self._said_cannot_learn:
+                self._said_cannot_learn = True
+                logger.warning("%s is too small to learn user profiles: nothing is learned; "
+                               "use Memory(llm=...) with a capable model", self.llm.name)
+            return None
         work = self._learn_in_background(user_id, interaction, generation)
         task = asyncio.get_running_loop().create_task(work)
         self._pending.add(task)

@@ -112,7 +112,9 @@ class State:
         state._saved_workspace = state.workspace.to_dict()
         state.epoch = 1 if runner else None
         history = record.recent if record.recent is not None else first
-        if first and not any(m.get("task_id") == state.task_id for m in history):
+        # The query is the newest message, so the window holds it iff it ends with it (one
+        # check, not a pass over a window that grows with the conversation).
+        if first and (not history or history[-1].get("task_id") != state.task_id):
             history = [*history, *first]  # a query longer than history_tokens: it still counts
         state.conversation = _conversation_from(record, history)
         state.execution.messages = list(history)

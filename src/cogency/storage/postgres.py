@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -356,6 +357,7 @@ class PostgresStore:
         """This store's lease key: the session advisory lock its lease connection holds."""
         self._leases: dict[str, tuple[str, int]] = {}
         """task_id -> (runner, epoch) of the tasks this store's runs hold."""
+        self._windows = _Windows()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -452,13 +454,16 @@ class PostgresStore:
         *,
         write: bool = True,
         transaction: bool = True,
+        idempotent: bool = False,
     ) -> T:
         """Run ``work`` on a pooled connection, in one transaction unless told otherwise.
 
         Run again from the start: a deadlock victim; a transaction whose connection died before
         its COMMIT was sent (the server rolled it back, nothing of it is stored); a read, or a
-        ``write=False`` statement that may safely repeat. A connection lost during a COMMIT is
-        reported, never retried: that change may have landed.
+        ``write=False`` statement that may safely repeat; an ``idempotent`` write (one that
+        finds its own earlier landing). Another write whose connection was lost during its
+        COMMIT (or its single statement) is reported, never retried: that change may have
+        landed.
         """
         asyncpg = _driver()
         pool = await self._ready()
@@ -478,6 +483,7 @@ class PostgresStore:
             committing = False
             try:
                 if not transaction:
+                    committing = write  # a lone statement commits as it runs
                     return await work(db)
                 async with db.transaction():
                     result = await work(db)
@@ -495,7 +501,7 @@ class PostgresStore:
             except Exception as exc:
                 if _lost(exc):
                     _drop(db)
-                if _lost(exc) and not committing and (transaction or not write):
+                if _lost(exc) and (idempotent or not committing and (transaction or not write)):
                     lost_connections += 1
                     if lost_connections <= _LOST_CONNECTION_RETRIES and attempt + 1 < _RETRIES:
                         continue  # nothing of it is stored: run it again on a new connection
@@ -526,9 +532,9 @@ class PostgresStore:
             )
         if _lost(exc) and committing:
             return StoreUnavailableError(
-                f"the connection to PostgreSQL at {self._where()} was lost during the COMMIT "
-                f"of {operation} ({type(exc).__name__}: {exc}); the change may or may not have "
-                "been stored: reload before retrying"
+                f"the connection to PostgreSQL at {self._where()} was lost before the outcome "
+                f"of {operation} was known ({type(exc).__name__}: {exc}); the change may or may "
+                "not have been stored: reload before retrying"
             )
         if _lost(exc):
             return StoreUnavailableError(
@@ -706,64 +712,58 @@ class PostgresStore:
         history_tokens: int | None = None,
     ) -> ConversationRecord:
         driver = _driver()
-
-        async def work(db: asyncpg.Connection) -> ConversationRecord:
-            stamp = _time.now()
-            row = await db.fetchrow(
-                "WITH profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
-                "VALUES ($1, $2, $3) ON CONFLICT (user_id) DO NOTHING) "
-                + _CONVERSATION_COLUMNS + " WHERE conversation_id = $4",
-                task.user_id, dumps(Profile(task.user_id).to_dict()), stamp,
-                task.conversation_id,
-            )
-            if row is None:
-                # Two processes may create the same new conversation at once: the loser of the
-                # insert waits for the winner's commit, then reads its row.
-                created = await db.fetchval(
-                    "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
-                    "updated_at, message_count) VALUES ($1, $2, $3, $4, 0) "
-                    "ON CONFLICT (conversation_id) DO NOTHING RETURNING 1",
-                    task.conversation_id, task.user_id, dumps(conversation_data), stamp,
-                )
-                if not created:
-                    row = await db.fetchrow(
-                        _CONVERSATION_COLUMNS + " WHERE conversation_id = $1",
-                        task.conversation_id,
-                    )
-            if row is None:
-                conversation = ConversationRecord(
-                    task.conversation_id, task.user_id, conversation_data, 0, stamp
-                )
-            elif row["user_id"] != task.user_id:
-                raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
-            else:
-                conversation = conversation_record(row)
-            try:
-                await db.execute(
-                    "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-                    "workspace_data, version, runner, updated_at, epoch, lease_holder, "
-                    "settings) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                    task.task_id, task.user_id, task.conversation_id, _put_text(task.query),
-                    dumps(task.workspace), task.version, task.runner, stamp,
-                    1 if task.runner else 0, key, dumps(task.settings),
-                )
-            except driver.exceptions.UniqueViolationError as exc:
-                raise ConflictError(
-                    f"task {task.task_id!r} already exists; start tasks with a new id"
-                ) from exc
-            if messages:
-                batch = SaveBatch(task.user_id, task.task_id, task.conversation_id,
-                                  task.version, list(messages))
-                await _append(db, batch, stamp, None)  # the task row is written just above
-                conversation.message_count += len(messages)
-            return conversation
-
         key = await self._holder() if task.runner else None
-        conversation = await self._use("starting a task", work)
+        cached = self._windows.get(task.conversation_id, history_tokens)
+        known = cached.last_seq if cached else 0
+
+        async def work(db: asyncpg.Connection) -> list[Any]:
+            stamp = _time.now()
+            for _ in range(2):
+                try:
+                    rows = await db.fetch(
+                        _BEGIN, task.user_id, dumps(Profile(task.user_id).to_dict()), stamp,
+                        task.conversation_id, dumps(conversation_data), task.task_id,
+                        _put_text(task.query), dumps(task.workspace), task.version,
+                        task.runner, 1 if task.runner else 0, key,
+                        [m["role"] for m in messages],
+                        [_put_text(m["content"]) for m in messages],
+                        [m.get("task_id") for m in messages],
+                        [m.get("tokens", 0) for m in messages],
+                        [m.get("created_at") or stamp.isoformat() for m in messages],
+                        [m.get("id") for m in messages],
+                        known, 0 if history_tokens is None else _MESSAGE_BATCH,
+                        dumps(task.settings),
+                    )
+                except driver.exceptions.UniqueViolationError as exc:
+                    raise ConflictError(
+                        f"task {task.task_id!r} already exists; start tasks with a new id"
+                    ) from exc
+                if any(row["kind"] == 3 for row in rows):
+                    raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
+                if any(row["kind"] == 0 for row in rows):
+                    return rows
+                # Another process created this new conversation meanwhile: it exists now.
+            raise ConflictError(
+                f"conversation {task.conversation_id!r} kept changing while starting a task; "
+                "nothing was written: retry"
+            )
+
+        rows = await self._use("starting a task", work, transaction=False)
+        head = next(row for row in rows if row["kind"] == 0)
+        for offset, message in enumerate(messages, start=1):
+            message["seq"] = head["seq"] + offset
+        conversation = ConversationRecord(
+            task.conversation_id, task.user_id,
+            decode(head["data"], "conversations", task.conversation_id, "conversation_data"),
+            head["seq"] + len(messages), head["updated"],
+        )
         if task.runner is not None:
             self._leases[task.task_id] = (task.runner, 1)
         if history_tokens is not None:
-            conversation.recent = await self.load_messages(
+            recent = self._windows.update(
+                task.conversation_id, history_tokens, cached, rows, messages
+            )
+            conversation.recent = recent if recent is not None else await self.load_messages(
                 task.conversation_id, task.user_id, token_budget=history_tokens
             )
         return conversation
@@ -806,47 +806,43 @@ class PostgresStore:
         return await self._read("listing tasks", work)
 
     async def save(self, batch: SaveBatch) -> int:
+        check = batch.workspace is not None or batch.complete or batch.epoch is not None
+        messages = batch.messages
+
         async def work(db: asyncpg.Connection) -> int:
+            # One statement, so one round trip and atomic without BEGIN/COMMIT: the fence, the
+            # version check and the writes. A second writer of this task waits for the first
+            # one's row lock, then finds the row moved on.
             stamp = _time.now()
-            version = batch.expected_version
-            fenced = batch.epoch is None
-            # The fence, the version check and the write are one statement: a second writer
-            # of this task waits for the first one's row lock, then finds the row moved on.
-            if batch.complete:
-                while await db.fetchval(
-                    "DELETE FROM task_workspaces WHERE task_id = $1 AND user_id = $2 "
-                    "AND version = $3 AND ($4::int IS NULL OR epoch = $4) RETURNING 1",
-                    batch.task_id, batch.user_id, version, batch.epoch,
-                ) is None:
-                    landed = await _save_problem(db, batch)
-                    if landed is None:
-                        return version  # an earlier attempt of this completion landed
-                    version = landed
-                fenced = True
-            elif batch.workspace is not None:
-                step = 1
-                while (written := await db.fetchval(
-                    "UPDATE task_workspaces SET workspace_data = $1, version = version + $8, "
-                    "updated_at = $2, last_save = $6 WHERE task_id = $3 AND user_id = $4 "
-                    "AND version = $5 AND ($7::int IS NULL OR epoch = $7) RETURNING version",
-                    dumps(batch.workspace), stamp, batch.task_id, batch.user_id, version,
-                    batch.save_id, batch.epoch, step,
-                )) is None:
-                    landed = await _save_problem(db, batch)
-                    if landed is None:
-                        return version
-                    version, step = landed, 0  # write the landed version again
-                version, fenced = written, True
-            if batch.messages or not fenced:
-                await _append(db, batch, stamp, None if fenced else batch.epoch)
-            if batch.profile is not None:
-                await _put_profile(db, batch.profile, stamp)
-            return int(version)
+            version, step = batch.expected_version, 1 if batch.workspace is not None else 0
+            while True:
+                rows = await db.fetch(
+                    _SAVE, batch.conversation_id, stamp, batch.user_id, batch.task_id,
+                    batch.epoch, None if batch.workspace is None else dumps(batch.workspace),
+                    version, step, batch.save_id, batch.complete, check,
+                    [m["role"] for m in messages],
+                    [_put_text(m["content"]) for m in messages],
+                    [m.get("task_id") for m in messages],
+                    [m.get("tokens", 0) for m in messages],
+                    [m.get("created_at") or stamp.isoformat() for m in messages],
+                    [m.get("id") for m in messages],
+                    None if batch.profile is None else dumps(batch.profile.to_dict()),
+                )
+                if any(row["kind"] == 0 for row in rows):
+                    break
+                if not check:
+                    raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
+                landed = await _save_problem(db, batch)
+                if landed is None:
+                    return version  # an earlier attempt of this completion landed
+                version, step = landed, 0  # write the landed version again
+            _number(messages, rows)
+            return int(next(row["seq"] for row in rows if row["kind"] == 0))
 
         if not batch.complete:
-            return await self._use("saving a task", work)
+            return await self._use("saving a task", work, transaction=False, idempotent=True)
         try:
-            return await self._use("completing a task", work)
+            return await self._use("completing a task", work, transaction=False, idempotent=True)
         finally:
             # A completed task needs no runner; one whose completion failed is released by
             # its runner.
@@ -982,6 +978,7 @@ class PostgresStore:
             await db.execute("DELETE FROM user_profiles WHERE user_id = $1", user_id)
 
         await self._use("forgetting a user", work)
+        self._windows.clear()
 
     async def user_generation(self, user_id: str) -> int:
         async def work(db: asyncpg.Connection) -> int:
@@ -1033,6 +1030,196 @@ async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime
     )
 
 
+_BEGIN = (
+    # $1 user, $2 a default profile, $3 stamp, $4 conversation, $5 its data if new, $6-$12 the
+    # task row, $13-$18 its first messages, $19 the last seq this store saw of the conversation,
+    # $20 how many newer messages to return (newest first). Rows: kind 0 the conversation
+    # (data, seq before the first new message, updated_at) when the task was stored; kind 1 the
+    # messages after $19 as they were before this statement; kind 2 the created_at of seq $19
+    # (to check a cached window); kind 3 when the conversation is another user's. $21 the
+    # task's settings.
+    "WITH existing AS (SELECT user_id, conversation_data::text AS data, updated_at "
+    "FROM conversations WHERE conversation_id = $4), "
+    "mine AS (SELECT 1 FROM existing WHERE user_id = $1), "
+    "profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+    "SELECT $1, $2::json, $3 WHERE NOT EXISTS (SELECT 1 FROM existing WHERE user_id <> $1) "
+    "ON CONFLICT (user_id) DO NOTHING), "
+    "m AS (SELECT * FROM unnest($13::text[], $14::text[], $15::text[], $16::int[], "
+    "$17::text[], $18::text[]) WITH ORDINALITY "
+    "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
+    "created AS (INSERT INTO conversations (conversation_id, user_id, conversation_data, "
+    "updated_at, message_count) SELECT $4, $1, $5::json, $3, (SELECT count(*) FROM m) "
+    "WHERE NOT EXISTS (SELECT 1 FROM existing) ON CONFLICT (conversation_id) DO NOTHING "
+    "RETURNING conversation_data::text AS data, 0::bigint AS base, updated_at), "
+    "counter AS (UPDATE conversations SET message_count = message_count + "
+    "(SELECT count(*) FROM m), updated_at = CASE WHEN EXISTS (SELECT 1 FROM m) THEN $3 "
+    "ELSE updated_at END WHERE conversation_id = $4 AND EXISTS (SELECT 1 FROM mine) "
+    "RETURNING message_count - (SELECT count(*) FROM m) AS base, updated_at), "
+    "conv AS (SELECT data, base, updated_at FROM created UNION ALL "
+    "SELECT e.data, c.base, c.updated_at FROM existing e, counter c), "
+    "task AS (INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
+    "workspace_data, version, runner, updated_at, epoch, lease_holder, settings) "
+    "SELECT $6, $1, $4, $7, $8::json, $9::int, $10::text, $3, $11::int, $12::bigint, "
+    "$21::text FROM conv RETURNING 1), "
+    "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
+    "tokens, created_at, message_id) SELECT $4, conv.base + m.ord, m.role, m.content, "
+    "m.task_id, m.tokens, m.created_at, m.message_id FROM conv, m "
+    "WHERE EXISTS (SELECT 1 FROM task)) "
+    "SELECT 0 AS kind, base::int AS seq, NULL AS role, NULL AS content, NULL AS task_id, "
+    "NULL::int AS tokens, NULL AS created_at, NULL AS message_id, data, updated_at AS updated "
+    "FROM conv WHERE EXISTS (SELECT 1 FROM task) "
+    "UNION ALL (SELECT 1, seq, role, content, task_id, tokens, created_at, message_id, NULL, "
+    "NULL FROM conversation_messages WHERE conversation_id = $4 AND seq > $19::int "
+    "AND EXISTS (SELECT 1 FROM mine) ORDER BY seq DESC LIMIT $20::int) "
+    "UNION ALL SELECT 2, seq, NULL, NULL, NULL, NULL, created_at, NULL, NULL, NULL "
+    "FROM conversation_messages WHERE conversation_id = $4 AND seq = $19::int "
+    "AND EXISTS (SELECT 1 FROM mine) "
+    "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+    "FROM existing WHERE user_id <> $1"
+)
+
+
+class _Window:
+    """A cached history window: the newest messages of a conversation within ``budget``."""
+
+    __slots__ = ("budget", "messages", "used", "last_seq", "last_stamp")
+
+    def __init__(self, budget: int, messages: list[dict[str, Any]], last_seq: int,
+                 last_stamp: str) -> None:
+        self.budget, self.messages, self.last_seq = budget, messages, last_seq
+        self.used = sum(m["tokens"] for m in messages)
+        self.last_stamp = last_stamp
+
+
+class _Windows:
+    """The history windows of recently used conversations, so starting a task reads only the
+    messages added since (in the same statement that stores the task).
+
+    As in the SQLite store: messages are append-only and numbered, so a window is brought up
+    to date with the rows after the last seq it saw, after checking that this row is still
+    there unchanged (a conversation erased and made again under its id is read afresh).
+    Bounded to ``size`` conversations.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._entries: OrderedDict[str, _Window] = OrderedDict()
+
+    def get(self, conversation_id: str, budget: int | None) -> _Window | None:
+        entry = self._entries.get(conversation_id)
+        return entry if entry is not None and entry.budget == budget else None
+
+    def update(
+        self,
+        conversation_id: str,
+        budget: int,
+        cached: _Window | None,
+        rows: Sequence[Any],
+        added: Sequence[dict[str, Any]],
+    ) -> list[dict[str, Any]] | None:
+        """The window after ``begin_task`` stored ``added``, from the cached one and the newer
+        ``rows``; ``None`` when it cannot be told from them (read it afresh)."""
+        newer = [_message(tuple(row)[1:8]) for row in rows if row["kind"] == 1]  # newest first
+        stamp = next((row["created_at"] for row in rows if row["kind"] == 2), None)
+        fresh = [*reversed(newer), *({**m, "tokens": m.get("tokens", 0)} for m in added)]
+        seqs = [m["seq"] for m in fresh]
+        start = cached.last_seq + 1 if cached is not None else seqs[0] if seqs else 1
+        if seqs != list(range(start, start + len(seqs))) or (
+            cached is not None
+            and ((stamp or "") != cached.last_stamp or len(newer) >= _MESSAGE_BATCH)
+        ):
+            # A writer committed between this statement's snapshot and its append, the
+            # conversation was made again, or more is new than one page: read it afresh.
+            self._entries.pop(conversation_id, None)
+            return None
+        if cached is not None:
+            window, used = [*cached.messages, *fresh], cached.used + sum(
+                m["tokens"] for m in fresh)
+            drop = 0
+            while drop < len(window) and used > budget:
+                used -= window[drop]["tokens"]
+                drop += 1
+            window = window[drop:]
+        else:
+            picked: list[dict[str, Any]] = []
+            used = 0
+            for message in reversed(fresh):
+                if used + message["tokens"] > budget:
+                    break
+                used += message["tokens"]
+                picked.append(message)
+            else:
+                if len(newer) >= _MESSAGE_BATCH:
+                    return None  # older messages may still fit: the caller reads them
+            window = picked[::-1]
+        if fresh:
+            entry = _Window(budget, window, fresh[-1]["seq"], fresh[-1].get("created_at") or "")
+        else:
+            entry = cached or _Window(budget, window, 0, "")
+        self._entries[conversation_id] = entry
+        self._entries.move_to_end(conversation_id)
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return list(window)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+_SAVE = (
+    # $1 conversation, $2 stamp, $3 user, $4 task, $5 epoch (fence when set), $6 workspace
+    # (written when set), $7 expected version, $8 version step, $9 save id, $10 complete,
+    # $11 check the task row at all, $12-$17 the messages, $18 profile (written when set).
+    # Returns one row of kind 0 (the version) when it wrote, kind 1 per message stored
+    # before (a retry), kind 2 the seq before the first new message.
+    "WITH conv AS (SELECT 1 FROM conversations WHERE conversation_id = $1 AND user_id = $3), "
+    "task AS (UPDATE task_workspaces SET workspace_data = COALESCE($6::json, workspace_data), "
+    "version = version + $8::int, updated_at = $2, last_save = COALESCE($9::text, last_save) "
+    "WHERE $11::bool AND NOT $10::bool AND task_id = $4 AND user_id = $3 "
+    "AND EXISTS (SELECT 1 FROM conv) AND ($6::json IS NULL OR version = $7::int) "
+    "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
+    "gone AS (DELETE FROM task_workspaces WHERE $11::bool AND $10::bool AND task_id = $4 "
+    "AND user_id = $3 AND EXISTS (SELECT 1 FROM conv) AND version = $7::int "
+    "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
+    "ok AS (SELECT version FROM task UNION ALL SELECT version FROM gone "
+    "UNION ALL SELECT $7::int WHERE NOT $11::bool AND EXISTS (SELECT 1 FROM conv)), "
+    "m AS (SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::int[], "
+    "$16::text[], $17::text[]) WITH ORDINALITY "
+    "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
+    "old AS (SELECT x.message_id, x.seq FROM m JOIN conversation_messages x "
+    "ON x.conversation_id = $1 AND x.message_id = m.message_id), "
+    "fresh AS (SELECT m.*, row_number() OVER (ORDER BY ord) AS n FROM m "
+    "WHERE m.message_id IS NULL OR m.message_id NOT IN (SELECT message_id FROM old)), "
+    "counter AS (UPDATE conversations SET message_count = message_count + "
+    "(SELECT count(*) FROM fresh), updated_at = $2 WHERE conversation_id = $1 "
+    "AND user_id = $3 AND EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM fresh) "
+    "RETURNING message_count - (SELECT count(*) FROM fresh) AS base), "
+    "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, "
+    "task_id, tokens, created_at, message_id) SELECT $1, counter.base + fresh.n, "
+    "fresh.role, fresh.content, fresh.task_id, fresh.tokens, fresh.created_at, "
+    "fresh.message_id FROM counter, fresh), "
+    "profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+    "SELECT $3, $18::json, $2 WHERE $18::json IS NOT NULL AND EXISTS (SELECT 1 FROM ok) "
+    "ON CONFLICT (user_id) DO UPDATE SET profile_data = excluded.profile_data, "
+    "updated_at = excluded.updated_at) "
+    "SELECT 0 AS kind, NULL AS message_id, version AS seq FROM ok "
+    "UNION ALL SELECT 1, message_id, seq FROM old "
+    "UNION ALL SELECT 2, NULL, base FROM counter"
+)
+
+
+def _number(messages: Sequence[dict[str, Any]], rows: Sequence[Any]) -> None:
+    """Give each message its seq: a stored one's (kind 1 rows), else the next new one."""
+    stored = {row["message_id"]: row["seq"] for row in rows if row["kind"] == 1}
+    base = next((row["seq"] for row in rows if row["kind"] == 2), 0)
+    for message in messages:
+        if message.get("id") in stored:
+            message["seq"] = stored[message["id"]]
+        else:
+            base += 1
+            message["seq"] = base
+
+
 async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
     """Why a fenced, versioned write matched no row: raises what went wrong (the run lost its
     lease, the task is gone, someone saved first); or, when an earlier attempt of this same
@@ -1061,61 +1248,6 @@ async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
     if batch.save_id and last_save == batch.save_id and version == batch.expected_version + 1:
         return int(version)  # this save's earlier attempt landed: write it again
     raise ConflictError(conflict(batch, version))
-
-
-async def _append(
-    db: asyncpg.Connection, batch: SaveBatch, stamp: datetime, epoch: int | None
-) -> None:
-    """Append the batch's messages not stored yet (by id), fenced to ``epoch`` when given.
-
-    One statement: bumping the counter takes the seq range and locks the conversation row
-    until commit, so concurrent appenders queue there (no gaps, no duplicates); the fence's
-    share lock makes a claim of the task wait for this commit.
-    """
-    rows = await db.fetch(
-        "WITH m AS (SELECT * FROM unnest($4::text[], $5::text[], $6::text[], $7::int[], "
-        "$8::text[], $9::text[]) WITH ORDINALITY "
-        "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
-        "old AS (SELECT x.message_id, x.seq FROM m JOIN conversation_messages x "
-        "ON x.conversation_id = $1 AND x.message_id = m.message_id), "
-        "fresh AS (SELECT m.*, row_number() OVER (ORDER BY ord) AS n FROM m "
-        "WHERE m.message_id IS NULL OR m.message_id NOT IN (SELECT message_id FROM old)), "
-        "fence AS (SELECT 1 FROM task_workspaces WHERE task_id = $10 AND epoch = $11 "
-        "FOR SHARE), "
-        "counter AS (UPDATE conversations SET message_count = message_count + "
-        "(SELECT count(*) FROM fresh), updated_at = $2 WHERE conversation_id = $1 "
-        "AND user_id = $3 AND ($11::int IS NULL OR EXISTS (SELECT 1 FROM fence)) "
-        "RETURNING message_count - (SELECT count(*) FROM fresh) AS base), "
-        "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, "
-        "task_id, tokens, created_at, message_id) SELECT $1, counter.base + fresh.n, "
-        "fresh.role, fresh.content, fresh.task_id, fresh.tokens, fresh.created_at, "
-        "fresh.message_id FROM counter, fresh RETURNING seq) "
-        "SELECT 0 AS kind, NULL AS message_id, base AS seq FROM counter "
-        "UNION ALL SELECT 1, message_id, seq FROM old",
-        batch.conversation_id, stamp, batch.user_id,
-        [m["role"] for m in batch.messages],
-        [_put_text(m["content"]) for m in batch.messages],
-        [m.get("task_id") for m in batch.messages],
-        [m.get("tokens", 0) for m in batch.messages],
-        [m.get("created_at") or stamp.isoformat() for m in batch.messages],
-        [m.get("id") for m in batch.messages],
-        batch.task_id, epoch,
-    )
-    base = next((row["seq"] for row in rows if row["kind"] == 0), None)
-    if base is None:
-        if epoch is not None and await db.fetchval(
-            "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND epoch = $2",
-            batch.task_id, epoch,
-        ) is None:
-            raise lease_lost(batch.task_id)
-        raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
-    stored = {row["message_id"]: row["seq"] for row in rows if row["kind"] == 1}
-    for message in batch.messages:
-        if message.get("id") in stored:
-            message["seq"] = stored[message["id"]]
-        else:
-            base += 1
-            message["seq"] = base
 
 
 # PostgreSQL text cannot hold NUL, which SQLite stores (a model may emit "\u0000"). Text with
