@@ -68,3 +68,10 @@ def small_window() -> ScriptedLLM:
     model = scripted()
     model.context_window = 2048
     return model
+
+
+def cannot_learn() -> ScriptedLLM:
+    """The script, on a model too small to learn profiles (as the default offline model)."""
+    llm = scripted()
+    llm.learns = False  # type: ignore[attr-defined]
+    return llm

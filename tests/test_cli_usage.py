@@ -57,6 +57,10 @@ def test_the_cli_learns_the_profile_unless_told_not_to(cli, db_path):
     assert profile["preferences"] == {"language": "Rust"} and profile["interests"] == []
     (stored,) = rows(db_path, "SELECT profile_data FROM user_profiles WHERE user_id = 'dana'")[0]
     assert json.loads(stored)["preferences"] == {"language": "Rust"}
+    # A model too small to learn (the default offline one) is not asked, and not warned about.
+    small = cli("run", "hi", "--user", "dana", memory=True, llm="cli_models:cannot_learn",
+                script=[step(response="hello")])
+    assert small.returncode == 0 and small.stderr == ""
 
 
 def test_hints_work_as_printed_and_resume_keeps_tools_and_root(cli, tmp_path, db_path):

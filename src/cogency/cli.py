@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -338,17 +339,27 @@ async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     return EXIT_OK
 
 
-def _agent(args: argparse.Namespace, store: Any, llm: str | None, tools: str | None,
-           root: Path, mcp: Sequence[str] | None, *, memory: bool) -> Any:
+@contextlib.asynccontextmanager
+async def _agent(args: argparse.Namespace, store: Any, llm: str | None, tools: str | None,
+                 root: Path, mcp: Sequence[str] | None, *, memory: bool) -> AsyncIterator[Any]:
+    """The agent of a command; it learns with ``memory`` unless its model cannot (the default
+    offline model is too small: asking it would only print a warning on every run)."""
     from .agent import Agent
+    from .llm.resolve import resolve_llm
 
-    return Agent(
-        llm=llm,
-        tools=[*builtin_tools(tools, root), *mcp_servers(mcp)],
-        store=store,
-        memory=memory,
-        max_iterations=args.max_iterations,
-    )
+    model, owned = resolve_llm(llm)
+    try:
+        async with Agent(
+            llm=model,
+            tools=[*builtin_tools(tools, root), *mcp_servers(mcp)],
+            store=store,
+            memory=memory and getattr(model, "learns", True),
+            max_iterations=args.max_iterations,
+        ) as agent:
+            yield agent
+    finally:
+        if owned:
+            await model.close()
 
 
 async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
