@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -92,7 +93,7 @@ class Servers:
         self._litellm = subprocess.Popen(
             [str(command), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
             stdout=self._litellm_log, stderr=subprocess.STDOUT, env=env, cwd=work,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )
 
     def litellm(self, wait: float = 240.0) -> str:
@@ -126,6 +127,18 @@ class Servers:
         if self._litellm_log is not None:
             self._litellm_log.close()
         self._llama = None  # the last reference: llama.cpp's server stops with it
+
+
+try:
+    _PRCTL = ctypes.CDLL(None).prctl  # loaded before any fork: the child only calls it
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    """In the child: a test session that is killed takes its proxy with it (Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:

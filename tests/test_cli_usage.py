@@ -32,13 +32,16 @@ def test_version_and_help_for_every_argument_and_subcommand(cli):
     assert run.returncode == 0
     assert "--no-memory" in run.stdout and "cogency run -" in run.stdout
     # Every option and operand of every subcommand says what it is for.
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    helps = {choice.dest: choice.help for choice in subparsers._choices_actions}
-    assert set(helps) == set(subparsers.choices) and all(helps.values())
-    for name, sub in subparsers.choices.items():
-        for action in sub._actions:
-            assert action.help, f"`cogency {name}` has {action.dest} without help"
+    def check(parser: argparse.ArgumentParser, name: str) -> None:
+        for action in parser._actions:
+            assert action.help, f"`{name}` has {action.dest} without help"
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {choice.dest: choice.help for choice in action._choices_actions}
+                assert set(helps) == set(action.choices) and all(helps.values()), name
+                for sub_name, sub in action.choices.items():
+                    check(sub, f"{name} {sub_name}")
+
+    check(build_parser(), "cogency")
 
 
 def test_the_cli_learns_the_profile_unless_told_not_to(cli, db_path):

@@ -100,7 +100,10 @@ async def test_real_servers_tools_through_agent_run(npm_servers, tmp_path, db_pa
               call("write_file", path=str(tmp_path / "outside.txt"), content="no")]),
         step(response="done"),
     ])
-    agent = Agent(llm=llm, tools=[shout, everything, files, clock], store=str(db_path))
+    # approve=True: an untrusted server's tools need a person's approval, given up front here
+    # (as in every run of this file).
+    agent = Agent(llm=llm, tools=[shout, everything, files, clock], store=str(db_path),
+                  approve=True)
     assert server_pids("server-everything") == []  # started on first use, not before
     async with agent:
         result = await agent.run("use the servers", user_id="alice")
@@ -168,7 +171,7 @@ async def test_streamable_http_server(npm_servers, db_path, db):
                 await asyncio.sleep(0.1)
         server = MCPServer(url=f"http://127.0.0.1:{port}/mcp")
         llm = ScriptedLLM([step([call("echo", message="over http")]), step(response="ok")])
-        async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
+        async with Agent(llm=llm, tools=[server], store=str(db_path), approve=True) as agent:
             result = await agent.run("echo over http")
         assert result.stop_reason == "completed"
         tool_rows = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
@@ -194,7 +197,8 @@ async def test_failing_servers_are_tool_errors_and_the_run_goes_on(db_path, db):
         step([call("say", text="again")]),
         step(response="survived"),
     ])
-    async with Agent(llm=llm, tools=[stub, ghost, broken, sleepy], store=str(db_path)) as agent:
+    async with Agent(llm=llm, tools=[stub, ghost, broken, sleepy], store=str(db_path),
+                     approve=True) as agent:
         result = await agent.run("try every server")
     assert result.stop_reason == "completed" and result.response == "survived"
 
@@ -231,14 +235,15 @@ async def test_tool_name_clash_is_a_usage_error_and_prefix_fixes_it(db_path, db)
         return text
 
     stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
-    async with Agent(llm=ScriptedLLM([]), tools=[say, stub], store=str(db_path)) as agent:
+    async with Agent(llm=ScriptedLLM([]), tools=[say, stub], store=str(db_path),
+                     approve=True) as agent:
         with pytest.raises(UsageError, match="two tools are named 'say'.*prefix="):
             await agent.run("hi")
     prefixed = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], prefix="stub_",
                          start_timeout=20)
     llm = ScriptedLLM([step([call("stub_say", text="x"), call("say", text="y")]),
                        step(response="ok")])
-    async with Agent(llm=llm, tools=[say, prefixed], store=str(db_path)) as agent:
+    async with Agent(llm=llm, tools=[say, prefixed], store=str(db_path), approve=True) as agent:
         result = await agent.run("hi")
     assert result.stop_reason == "completed"
     results = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
@@ -255,7 +260,7 @@ def test_mcp_flag_on_the_command_line(npm_servers, tmp_path, db_path, db):
     done = subprocess.run(
         [sys.executable, "-m", "cogency.cli", "run", "echo it", "--db", str(db_path),
          "--llm", "cli_models:scripted", "--no-memory", "--mcp", mcp_servers.npm_bin("mcp-server-everything"),
-         "--mcp", f"{sys.executable} {TESTS / 'mcp_stub.py'}"],
+         "--mcp", f"{sys.executable} {TESTS / 'mcp_stub.py'}", "--yes"],
         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
@@ -281,7 +286,7 @@ async def test_schemas_with_refs_are_inlined_for_the_model_and_checked_in_full(d
     llm = ScriptedLLM([step([call("book", room={"beds": 0})]),
                        step([call("book", room={"beds": 2}), call("notes_count")]),
                        step(response="booked")])
-    async with Agent(llm=llm, tools=[stub], store=str(db_path)) as agent:
+    async with Agent(llm=llm, tools=[stub], store=str(db_path), approve=True) as agent:
         result = await agent.run("book a room")
         (book,) = [t for t in await stub.list_tools() if t.name == "book"]
     # Embedded in a provider's structured-output schema, "#/$defs/..." would point elsewhere.
@@ -301,7 +306,7 @@ def test_run_sync_starts_the_server_in_each_event_loop_and_stops_it_after(db_pat
     stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], start_timeout=20)
     llm = ScriptedLLM([step([call("say", text="one")]), step(response="1"),
                        step([call("say", text="two")]), step(response="2")])
-    agent = Agent(llm=llm, tools=[stub], store=str(db_path))
+    agent = Agent(llm=llm, tools=[stub], store=str(db_path), approve=True)
     assert agent.run_sync("first").stop_reason == "completed"
     assert server_pids("mcp_stub.py") == []  # the loop's end stopped it
     assert agent.run_sync("second").stop_reason == "completed"

@@ -273,7 +273,8 @@ async def test_the_agent_sees_refusals_as_results_and_they_are_stored(world, sto
         ]},
         {"response": "the secret is out of reach", "actions": []},
     ])
-    agent = Agent(llm=llm, tools=files_tools(world["root"]), store=store)
+    # approve=True: file_write needs a person's approval, which this test gives up front.
+    agent = Agent(llm=llm, tools=files_tools(world["root"]), store=store, approve=True)
     result = await agent.run("read the secret", user_id="alice")
     assert result.stop_reason == "completed"
     assert (world["root"] / "report.txt").read_text() == "done"

@@ -179,7 +179,8 @@ async def test_secrets_in_its_output_are_redacted_before_they_are_stored(
         {"secure": True, "actions": [{"name": "shell", "args": {"command": "cat creds.txt"}}]},
         {"response": "read them", "actions": []},
     ])
-    agent = Agent(llm=llm, tools=[shell_tool(tmp_path, sandbox=False)], store=store)
+    agent = Agent(llm=llm, tools=[shell_tool(tmp_path, sandbox=False)], store=store,
+                  approve=True)  # the shell needs a person's approval: given up front
     outputs = [e.output async for e in agent.stream("show creds", user_id="u") if e.type == "result"]
     db = sqlite3.connect(db_path)
     stored = [c for (c,) in db.execute("SELECT content FROM conversation_messages")]
@@ -246,7 +247,8 @@ async def test_the_agents_store_is_hidden_even_inside_the_root(tmp_path) -> None
         {"response": "looked", "actions": []},
     ])
     try:
-        agent = Agent(llm=llm, tools=[shell_tool(tmp_path, sandbox="auto")], store=store)
+        agent = Agent(llm=llm, tools=[shell_tool(tmp_path, sandbox="auto")], store=store,
+                      approve=True)  # the shell needs a person's approval: given up front
         await agent.run("peek at the database", user_id="alice")
     finally:
         await store.close()
@@ -342,7 +344,8 @@ def test_cogency_run_with_the_shell_cannot_read_its_database(tmp_path) -> None:
                                          os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "cogency.cli", "run", "peek", "--tools", "shell",
-         "--llm", "cli_models:scripted", "--no-memory", "--db", "cogency.db", "--json"],
+         "--llm", "cli_models:scripted", "--db", "cogency.db", "--json", "--yes",
+         "--no-memory"],
         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr

@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ._json import dumps
+from .approvals import Policy, check_policy, run_step, settle_decided
 from .context import (
     MESSAGE_TOKENS,
     Budgets,
@@ -20,7 +21,9 @@ from .context import (
     system_prompt,
 )
 from .errors import ContextLengthError, LeaseLostError, LLMError, StoreLockedError, UsageError
-from .events import Action, End, Error, Event, Reason, Response, Result, Retry, Start, Token
+from .events import (
+    Action, Approval, End, Error, Event, Reason, Response, Result, Retry, Start, Token,
+)
 from .llm.base import LLM, Usage, retries_reported_to
 from .llm.resolve import resolve_llm
 from .memory.memory import Memory, interaction_of
@@ -31,12 +34,12 @@ from .storage import open_store
 from .storage.base import Store, new_runner
 from .tokens import count_tokens
 from .state.workspace import Workspace
-from .tools.base import Tool, Toolset, hide_store_files, run_tools
+from .tools.base import Tool, Toolset, hide_store_files
 
 _log = logging.getLogger(__name__)
 STOP_REASONS = (
     "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
-    "cancelled",
+    "cancelled", "awaiting_approval",
 )
 NO_PROGRESS_LIMIT = 3
 """Consecutive steps with neither a response nor an action before the run stops."""
@@ -60,6 +63,9 @@ class AgentResult:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     security_assessment: str | None = None
+    pending_approvals: list[dict[str, Any]] = field(default_factory=list)
+    """With ``stop_reason="awaiting_approval"``: the calls waiting for a person, each a dict
+    with ``id``, ``name`` and ``args``; decide them with ``resume(approvals=...)``."""
 
 
 class Agent:
@@ -68,6 +74,11 @@ class Agent:
     ``store=None`` opens the default SQLite file; ``memory=True`` learns a profile of each
     user with the agent's model (``Memory(llm=...)`` chooses another). Every run saves its
     workspace after each iteration; a run that stops early keeps it so ``resume`` continues.
+
+    ``approve`` decides the calls of tools that need approval: ``None`` pauses the task
+    (``stop_reason="awaiting_approval"``, resumable with ``resume(approvals=...)``), ``True``
+    allows them all, an async (or plain) callable of the call (a dict with ``id``, ``name``,
+    ``args``, ``task_id``, ``user_id``) returns True to allow it, False to deny it.
     """
 
     def __init__(
@@ -84,6 +95,7 @@ class Agent:
         retry_delay: float = 0.5,
         history_tokens: int = DEFAULT_HISTORY_TOKENS,
         budgets: Budgets = Budgets(),
+        approve: Policy = None,
     ) -> None:
         if not isinstance(max_iterations, int) or max_iterations < 1:
             raise UsageError("max_iterations must be a positive integer")
@@ -115,6 +127,7 @@ class Agent:
         self.retry_delay = retry_delay
         self.history_tokens = history_tokens
         self.budgets = budgets
+        self.approve = check_policy(approve)
         self._closed = False
         self._runs: set[asyncio.Task[AgentResult]] = set()
 
@@ -126,9 +139,18 @@ class Agent:
         """Run a new task to its end and return what it produced."""
         return await self._collect(self.stream(query, user_id, conversation_id))
 
-    async def resume(self, task_id: str, user_id: str = "default") -> AgentResult:
-        """Continue an unfinished task from its saved workspace and conversation."""
-        return await self._collect(self.resume_stream(task_id, user_id))
+    async def resume(
+        self, task_id: str, user_id: str = "default", *,
+        approvals: Mapping[str, bool] | None = None,
+    ) -> AgentResult:
+        """Continue an unfinished task from its saved workspace and conversation.
+
+        A task paused for approval needs its calls decided first: ``approvals`` maps each
+        call id to True (run it) or False (the model is told the user denied it); the agent's
+        ``approve`` policy decides what is left, and with ``approve=None`` an undecided call
+        raises :class:`~cogency.errors.ApprovalRequiredError` listing them.
+        """
+        return await self._collect(self.resume_stream(task_id, user_id, approvals=approvals))
 
     def stream(
         self,
@@ -158,10 +180,15 @@ class Agent:
 
         return self._drive(open_task, query)
 
-    def resume_stream(self, task_id: str, user_id: str = "default") -> AsyncIterator[Event]:
-        """Continue an unfinished task, yielding its events as they happen."""
+    def resume_stream(
+        self, task_id: str, user_id: str = "default", *,
+        approvals: Mapping[str, bool] | None = None,
+    ) -> AsyncIterator[Event]:
+        """Continue an unfinished task, yielding its events as they happen (see :meth:`resume`)."""
         check_id(task_id, "task_id")
         check_id(user_id, "user_id")
+        if approvals is not None and not isinstance(approvals, Mapping):
+            raise UsageError("approvals must be a mapping of call id to True or False")
 
         async def open_task(runner: str) -> tuple[State, bool]:
             state = await State.continue_task(
@@ -171,7 +198,7 @@ class Agent:
             state.epoch = await self.store.claim_task(task_id, user_id, runner)
             return state, True
 
-        return self._drive(open_task)
+        return self._drive(open_task, approvals=approvals)
 
     def run_sync(
         self, query: str, user_id: str = "default", conversation_id: str | None = None
@@ -244,17 +271,19 @@ class Agent:
         return result
 
     def _drive(
-        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], query: str | None = None
+        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], query: str | None = None,
+        approvals: Mapping[str, bool] | None = None,
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
-        return _EventStream(lambda emit: self._execute(open_task, emit, query), self)
+        return _EventStream(lambda emit: self._execute(open_task, emit, query, approvals), self)
 
     async def _execute(
         self,
         open_task: Callable[[str], Awaitable[tuple[State, bool]]],
         emit: Callable[[Event], None],
         query: str | None = None,
+        approvals: Mapping[str, bool] | None = None,
     ) -> AgentResult:
         await self.llm.start()  # e.g. learn the context window from the server
         window = self.llm.context_window
@@ -268,6 +297,7 @@ class Agent:
         task = state.task_id
         recorded: dict[str, list[dict[str, Any]]] = {}
         saving: asyncio.Future[None] | None = None
+        waiting: list[dict[str, Any]] = []  # calls that wait for a person when the run ends
 
         async def save() -> None:
             # Shielded: a cancellation never parts a write from the state's record of it.
@@ -283,6 +313,8 @@ class Agent:
                 recorded = _recorded_results(stored)
                 if not stored:  # begun by State.start_task alone: the query is not stored yet
                     add_message(state, "user", state.query)
+                    await save()
+                if await settle_decided(state, tools, approvals, self.approve, emit):
                     await save()
             memory, generation = "", 0
             if self.memory is not None:
@@ -353,15 +385,22 @@ class Agent:
                         add_message(state, "assistant", dumps({"actions": fresh}))
                     for call in step.actions:
                         emit(Action(task, ex.iteration, call["name"], call["args"]))
-                    ran = iter(await run_tools(tools, fresh))
-                    results = [old if old is not None else next(ran) for old in replayed]
-                    ex.complete_tool_calls(results)
+                    step_results, waiting = await run_step(tools, fresh, self.approve, state)
+                    ran = iter(step_results)
+                    results: list[dict[str, Any] | None] = [
+                        next(ran) if old is None else old for old in replayed
+                    ]
+                    ex.complete_tool_calls([r for r in results if r is not None])
                     for result, old in zip(results, replayed):
+                        if result is None:
+                            continue  # it waits for a person: no result yet
                         if old is None:
                             add_message(state, "tool", dumps(result))
                         emit(Result(task, ex.iteration, result["name"], result["ok"],
                                     result.get("output", result.get("error", ""))))
                     ex.iterations_without_tools = 0
+                    if waiting:
+                        ex.stop_reason = "awaiting_approval"
                 elif step.response is not None:
                     ex.response = step.response
                     ex.stop_reason = "completed"
@@ -400,6 +439,8 @@ class Agent:
         if self.memory is not None and ex.stop_reason == "completed":
             # In the background: the answer never waits for learning; close() settles it.
             self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
+        for call in waiting:  # after the save above: each can be decided as soon as it is seen
+            emit(Approval(task, call["id"], call["name"], call["args"]))
         emit(End(task, ex.stop_reason or "error", ex.iteration))
         return AgentResult(
             response=ex.response,
@@ -410,6 +451,7 @@ class Agent:
             usage=usage,
             error=error,
             security_assessment=state.security_assessment,
+            pending_approvals=[{**call, "task_id": task} for call in waiting],
         )
 
     def _check_fits(self, query: str, window: int, tools: dict[str, Tool]) -> None:

@@ -5,10 +5,16 @@ time (typer and rich import in ~0.5 s on a busy machine, more than the rest of c
 works from the core install, with no extra dependency.
 
     cogency run "query" [--user U] [--conversation C] [--llm L] [--tools files,shell,http]
-                        [--mcp "command args"]...
+                        [--mcp "command args"]... [--yes | --read-only]
     cogency resume TASK_ID
+    cogency approve TASK_ID [--deny CALL_ID ...]
     cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
     cogency tasks [release TASK_ID --user U] | conversations [ID] | profile show|forget [USER]
+    cogency serve [--db URL] [--llm L] [--port P] | keys create|list|revoke  (server/commands.py)
+
+A tool call that needs approval (file writes, shell) is asked about on the terminal
+(``[y/N]``); ``--yes`` allows them all. Without a terminal on stdin the task pauses, the
+command that decides it is printed, and the exit status is 3.
 
 Each subcommand is one ``_add_*`` function in :data:`COMMANDS` that declares its parser and
 handler; a new subcommand is one more function there. Errors print one line (``error: …``)
@@ -37,10 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 TOOL_SETS = ("files", "shell", "http")
 OUTPUT_CHARS = 400
 """A tool's output is cut to this on screen (the model and the database get all of it)."""
+ASK_CHARS = 2_000
+"""A call's arguments shown when asking for approval (longer ones are cut, and say so)."""
 MAX_QUERY_BYTES = 16 * 1024 * 1024
 """The most a query read from standard input may hold."""
 LOAD_NOTICE = 0.5
@@ -58,7 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     progress: dict[str, Any] = {}
-    _log_to_stderr()
     try:
         outcome = args.handler(args, progress)
         return int(asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome)
@@ -148,6 +155,24 @@ def _add_resume(commands: Commands) -> None:
     resume.add_argument("task_id", help="the task to continue (`cogency tasks` lists them)")
 
 
+def _add_approve(commands: Commands) -> None:
+    approve = commands.add(
+        "approve", "decide the tool calls a paused task waits for, then continue it", _run,
+        "user", "running",
+    )
+    approve.add_argument("task_id", help="the paused task (`cogency tasks` shows what it "
+                                         "waits for)")
+    approve.add_argument("--deny", action="append", default=[], metavar="CALL_ID",
+                         help="deny this call (repeatable); every other waiting call is allowed")
+    approve.add_argument("--deny-all", action="store_true", help="deny every waiting call")
+
+
+def _add_server(commands: Commands) -> None:
+    from .server.commands import add_commands  # `serve` and `keys`
+
+    add_commands(commands.subparsers, commands.parents["db"], commands.parents["agent"])
+
+
 def _add_mcp(commands: Commands) -> None:
     commands.add("mcp", "serve an agent over MCP (stdio) for the user", _mcp, "user", "agent")
 
@@ -195,7 +220,8 @@ def _add_profile(commands: Commands) -> None:
 
 
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
-    _add_run, _add_resume, _add_mcp, _add_tasks, _add_conversations, _add_profile,
+    _add_run, _add_resume, _add_approve, _add_mcp, _add_tasks, _add_conversations,
+    _add_profile, _add_server,
 )
 """Every subcommand, in the order ``cogency --help`` lists them."""
 
@@ -227,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--mcp", action="append", metavar="COMMAND_OR_URL",
                        help='an MCP server\'s tools: "command args" (stdio) or an http(s) URL; '
                             "repeatable")
+    agent.add_argument("--yes", "-y", action="store_true",
+                       help="allow every tool call that needs approval, without asking")
+    agent.add_argument("--read-only", action="store_true",
+                       help="give the model only tools that change nothing")
     running = argparse.ArgumentParser(add_help=False, parents=[agent])
     running.add_argument("--no-memory", action="store_true",
                          help="do not learn the user's profile from this task (learning is on "
@@ -247,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"cogency {__version__}",
                         help="print the version and exit")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       help="what to do (`cogency COMMAND --help` for more)")
     commands = Commands(subparsers, {"db": db, "user": user, "agent": agent, "running": running})
     for add in COMMANDS:
         add(commands)
@@ -261,10 +292,12 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     from .errors import NotFoundError, UsageError
     from .state.state import check_id
 
-    resuming = args.command == "resume"
+    resuming = args.command != "run"  # resume, approve
     query = "" if resuming else read_query(args.query)
     check_id(args.user, "--user")
+    _log_to_stderr()
     store = _store(args)
+    ask = _Ask() if not args.yes and _isatty(sys.stdin) else None  # else: tasks pause
     try:
         stored: dict[str, Any] = {}
         if resuming:
@@ -290,10 +323,12 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         root = Path(args.root if args.root is not None else stored.get("root", ".")).resolve()
         llm = args.llm if args.llm is not None else stored.get("llm")
         mcp = args.mcp if args.mcp is not None else stored.get("mcp")
-        async with _agent(args, store, llm, tools, root, mcp, memory=not args.no_memory) as agent:
+        decisions = await _decisions(store, args) if args.command == "approve" else None
+        async with _agent(args, store, llm, tools, root, mcp, memory=not args.no_memory,
+                          ask=ask) as agent:
             await _start_model(agent.llm)
             if resuming:
-                events = agent.resume_stream(args.task_id, args.user)
+                events = agent.resume_stream(args.task_id, args.user, approvals=decisions)
             else:
                 settings: dict[str, Any] = {"tools": tools, "root": str(root)}
                 if llm and not _has_secret(llm):
@@ -301,13 +336,33 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
                 if mcp and not any(_has_secret(spec) for spec in mcp):
                     settings["mcp"] = mcp
                 events = agent.stream(query, args.user, args.conversation, settings=settings)
-            code = await _show(events, args, progress)
+            code = await _show(events, args, progress, ask)
             if agent.memory is not None and agent.memory.pending:  # close() waits for it
                 print(f"learning about {visible(args.user, keep='')!r} from this task… "
                       "(--no-memory skips this)", file=sys.stderr, flush=True)
         return code
     finally:
         await store.close()
+
+
+async def _decisions(store: Any, args: argparse.Namespace) -> dict[str, bool]:
+    """What ``cogency approve`` decides: every pending call approved, but those ``--deny``."""
+    from .errors import NotFoundError, UsageError
+
+    pending = [call["id"] for call in
+               await store.load_approvals(args.task_id, args.user, "pending")]
+    if not pending:
+        raise UsageError(
+            f"task {args.task_id!r} waits for no approval; continue it with: "
+            f"{command_hint(args, 'resume', args.task_id)}"
+        )
+    unknown = [call_id for call_id in args.deny if call_id not in pending]
+    if unknown:
+        raise NotFoundError(
+            f"task {args.task_id!r} has no call {visible(unknown[0], keep='')!r} waiting for "
+            f"approval (waiting: {', '.join(pending)})"
+        )
+    return {call_id: not (args.deny_all or call_id in args.deny) for call_id in pending}
 
 
 async def _start_model(llm: Any) -> None:
@@ -341,20 +396,28 @@ async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
 
 @contextlib.asynccontextmanager
 async def _agent(args: argparse.Namespace, store: Any, llm: str | None, tools: str | None,
-                 root: Path, mcp: Sequence[str] | None, *, memory: bool) -> AsyncIterator[Any]:
+                 root: Path, mcp: Sequence[str] | None, *, memory: bool,
+                 ask: Any = None) -> AsyncIterator[Any]:
     """The agent of a command; it learns with ``memory`` unless its model cannot (the default
-    offline model is too small: asking it would only print a warning on every run)."""
+    offline model is too small: asking it would only print a warning on every run). ``ask``
+    decides calls that need approval (``--yes`` allows them all; with neither, a task pauses
+    at such a call)."""
     from .agent import Agent
+    from .errors import UsageError
     from .llm.resolve import resolve_llm
 
+    if args.read_only and mcp:
+        raise UsageError("--read-only cannot include --mcp servers (their tools may change "
+                         "anything); leave --mcp out")
     model, owned = resolve_llm(llm)
     try:
         async with Agent(
             llm=model,
-            tools=[*builtin_tools(tools, root), *mcp_servers(mcp)],
+            tools=[*builtin_tools(tools, root, read_only=args.read_only), *mcp_servers(mcp)],
             store=store,
             memory=memory and getattr(model, "learns", True),
             max_iterations=args.max_iterations,
+            approve=True if args.yes else ask,
         ) as agent:
             yield agent
     finally:
@@ -383,7 +446,8 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             _json_line({"task_id": task.task_id, "user_id": task.user_id,
                         "conversation_id": task.conversation_id, "query": task.query,
                         "workspace": task.workspace, "settings": task.settings,
-                        "updated_at": _iso(task.updated_at)})
+                        "updated_at": _iso(task.updated_at),
+                        "pending_approvals": task.pending_approvals})
         return EXIT_OK
     if not tasks:
         print("no unfinished tasks")
@@ -392,8 +456,15 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     for task in tasks:
         print(f"{style.bold(visible(task.task_id, keep=''))}  {visible(task.user_id, keep='')}  "
               f"{_iso(task.updated_at)}  {visible(_clip(task.query, 60))}")
-        resume = command_hint(args, "resume", task.task_id, user=task.user_id)
-        print(style.dim(f"  resume: {resume}"))
+        for call in task.pending_approvals:
+            print(style.yellow(f"  waits for approval: {visible(call['id'], keep='')}  ")
+                  + _call_text(call, 200))
+        if task.pending_approvals:
+            decide = command_hint(args, "approve", task.task_id, user=task.user_id)
+            print(style.dim(f"  approve: {decide}  (deny one: add --deny CALL_ID)"))
+        else:
+            resume = command_hint(args, "resume", task.task_id, user=task.user_id)
+            print(style.dim(f"  resume: {resume}"))
     return EXIT_OK
 
 
@@ -540,8 +611,11 @@ def _confirm(question: str) -> bool:
 
 
 async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
-                progress: dict[str, Any]) -> int:
+                progress: dict[str, Any], ask: _Ask | None = None) -> int:
     view = None if args.json else _View(sys.stdout, sys.stderr)
+    if ask is not None:
+        ask.view = view
+    waiting: list[Any] = []
     watch = _Watch(args.wait_notice, view)
     watcher = asyncio.get_running_loop().create_task(watch.run())
     fatal: str | None = None
@@ -552,6 +626,8 @@ async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
             progress.setdefault("task_id", event.task_id)
             if event.type == "error" and event.fatal:
                 fatal = event.message
+            if event.type == "approval":
+                waiting.append(event)
             if event.type == "end":
                 end = event
             if view is not None:
@@ -566,11 +642,72 @@ async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
         return EXIT_ERROR
     if end.stop_reason in ("completed", "security"):
         return EXIT_OK
+    if end.stop_reason == "awaiting_approval":
+        _tell_how_to_decide(end.task_id, waiting, args)
+        return EXIT_AWAITING
     if fatal is None:
         fatal = f"the task stopped ({end.stop_reason}) after {_count(end.iterations, 'iteration')}"
     print(f"error: {visible(fatal)}; resume with: {command_hint(args, 'resume', end.task_id)}",
           file=sys.stderr)
     return EXIT_ERROR
+
+
+def _tell_how_to_decide(task_id: str, waiting: list[Any], args: argparse.Namespace) -> None:
+    """Print what the paused task waits for, and the commands that decide it (the task keeps
+    its tools, root and model, so ``--user`` and ``--db`` are all they need)."""
+    count = len(waiting)
+    lines = [f"task {visible(task_id, keep='')} waits for your approval of "
+             f"{_count(count, 'call')} (no terminal to ask on):"]
+    lines += [f"  {visible(event.id, keep='')}  {_call_text(event, 300)}" for event in waiting]
+    decide = command_hint(args, "approve", task_id)
+    lines.append(f"approve: {decide}")
+    lines.append(f"deny:    {decide} --deny CALL_ID  (or --deny-all)")
+    print("\n".join(lines), file=sys.stderr)
+
+
+class _Ask:
+    """Asks on the terminal whether a tool call may run: ``[y/N]``, no answer is no."""
+
+    def __init__(self) -> None:
+        self.view: _View | None = None
+
+    async def __call__(self, call: dict[str, Any]) -> bool:
+        for _ in range(5):  # let the view print the step's events first: they explain the call
+            await asyncio.sleep(0)
+        if self.view is not None:
+            self.view.stop()
+        sys.stderr.write(f"allow {_call_text(call, ASK_CHARS)}? [y/N] ")
+        sys.stderr.flush()
+        answer = (await _read_line(sys.stdin)).strip().lower()
+        return answer in ("y", "yes")
+
+
+async def _read_line(stream: IO[str]) -> str:
+    """A line typed on the terminal, read without a thread (so Ctrl-C is not held up)."""
+    loop = asyncio.get_running_loop()
+    fd = stream.fileno()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+    return os.read(fd, 4096).decode("utf-8", "replace")
+
+
+def _call_text(call: Any, limit: int) -> str:
+    """``name({args})`` of a call (a dict or an event), escaped and cut at ``limit`` chars."""
+    name = call["name"] if isinstance(call, dict) else call.name
+    args = call["args"] if isinstance(call, dict) else call.args
+    text = visible(f"{name}({json.dumps(args, ensure_ascii=False, default=str)})", keep="")
+    if len(text) > limit:
+        text = text[:limit] + f"… ({len(text) - limit} more characters)"
+    return text
 
 
 class _Watch:
@@ -641,6 +778,9 @@ class _View:
             args = json.dumps(event.args, ensure_ascii=False, default=str)
             self._line(style.cyan(f"→ {visible(event.name)}")
                        + style.dim(f"({visible(_clip(args, 200))})"))
+        elif kind == "approval":
+            self._line(style.yellow(f"⏸ {visible(event.name)} waits for approval "
+                                    f"({visible(event.id, keep='')})"))
         elif kind == "result":
             mark = style.green("✓") if event.ok else style.red("✗")
             self._line(f"{mark} {visible(event.name)}: "
@@ -873,19 +1013,23 @@ def read_query(query: str | None) -> str:
     return text
 
 
-def builtin_tools(spec: str | None, root: Path) -> list[Any]:
-    """The built-in tool sets named in ``spec`` ("files,shell,http"), confined to ``root``."""
+def builtin_tools(spec: str | None, root: Path, *, read_only: bool = False) -> list[Any]:
+    """The built-in tool sets named in ``spec`` ("files,shell,http"), confined to ``root``;
+    ``read_only`` keeps only tools that change nothing (no file writes, no shell)."""
     from .errors import ConfigurationError, UsageError
 
     tools: list[Any] = []
     for name in [part.strip() for part in (spec or "").split(",") if part.strip()]:
         if name not in TOOL_SETS:
             raise UsageError(f"unknown tool set {name!r}: choose from {', '.join(TOOL_SETS)}")
+        if name == "shell" and read_only:
+            raise UsageError("--read-only cannot include the shell tool (a command can change "
+                             "anything); leave shell out of --tools")
         try:
             if name == "files":
                 from .tools.files import files_tools
 
-                tools.extend(files_tools(root))
+                tools.extend(files_tools(root, read_only=read_only))
             elif name == "shell":
                 from .tools.shell import shell_tool
 

@@ -3,12 +3,14 @@
     CogencyError
     ├── UsageError            you called something wrongly (also a ValueError)
     │   ├── ConfigurationError  something must be installed or set first
-    │   └── ContextWindowError  the query cannot fit the model's context window
+    │   ├── ContextWindowError  the query cannot fit the model's context window
+    │   └── ApprovalRequiredError  a paused task was resumed without deciding its calls
     ├── NotFoundError         no such row for this user (also another user's data)
     ├── ConflictError         someone else changed or holds it
     │   ├── TaskRunningError    the task is being run by another runner
     │   │   └── LeaseLostError    this runner's hold on its task was taken over or released
-    │   └── ForgottenError      the user was forgotten after this learning began
+    │   ├── ForgottenError      the user was forgotten after this learning began
+    │   └── ConversationBusyError  the conversation has a run in flight (``cogency serve``)
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
     │   ├── CorruptDataError    a row's JSON cannot be read (names the row)
@@ -27,6 +29,8 @@ Third-party errors are mapped at the boundary with ``raise ... from exc``.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CogencyError(Exception):
     """Root of every error raised by Cogency."""
@@ -38,6 +42,15 @@ class UsageError(CogencyError, ValueError):
 
 class ConfigurationError(UsageError):
     """Something must be installed or configured before this can run."""
+
+
+class ApprovalRequiredError(UsageError):
+    """A task waits for a person to approve or deny tool calls; ``pending`` lists them
+    (dicts with ``id``, ``name`` and ``args``)."""
+
+    def __init__(self, message: str, pending: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 class NotFoundError(CogencyError, LookupError):
@@ -66,6 +79,10 @@ class ForgottenError(ConflictError):
             "before a forget is stored"
         )
         self.user_id = user_id
+
+
+class ConversationBusyError(ConflictError):
+    """The conversation has a run in flight; one run at a time per conversation."""
 
 
 class StorageError(CogencyError):
@@ -148,12 +165,14 @@ class ToolArgumentError(ToolError):
 
 
 __all__ = [
+    "ApprovalRequiredError",
     "AuthenticationError",
     "CogencyError",
     "ConfigurationError",
     "ConflictError",
     "ContextLengthError",
     "ContextWindowError",
+    "ConversationBusyError",
     "CorruptDataError",
     "InvalidResponseError",
     "LLMError",

@@ -61,6 +61,19 @@ class Result(Event):
 
 
 @dataclass
+class Approval(Event):
+    """A tool call that waits for a person: decide it with ``Agent.resume(approvals=...)``.
+
+    Emitted after the task is saved (so the call can be decided at once), before ``end``.
+    """
+
+    type: ClassVar[str] = "approval"
+    id: str = ""
+    name: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Response(Event):
     type: ClassVar[str] = "response"
     text: str = ""
@@ -96,5 +109,5 @@ class End(Event):
     iterations: int = 0
 
 
-__all__ = ["Action", "End", "Error", "Event", "Reason", "Response", "Result", "Retry", "Start",
-           "Token"]
+__all__ = ["Action", "Approval", "End", "Error", "Event", "Reason", "Response", "Result",
+           "Retry", "Start", "Token"]

@@ -52,6 +52,10 @@ class State:
     """Kept until a save succeeds, so a retry after an unknown outcome is known as one."""
     _saved_workspace: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     _owns_store: bool = field(default=False, repr=False, compare=False)
+    _approvals: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+    """Calls now waiting for a person, stored by the next save (with the step's messages)."""
+    _settled: list[str] = field(default_factory=list, repr=False, compare=False)
+    """Ids of waiting calls whose result is among the unsaved messages."""
 
     @classmethod
     async def start_task(
@@ -204,6 +208,20 @@ def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str
     return message
 
 
+def await_approval(state: State, call: dict[str, Any]) -> dict[str, Any]:
+    """Record that ``call`` waits for a person; the next save stores it. Returns it with its
+    new ``id`` (what the person decides on)."""
+    waiting = {"id": f"call_{uuid.uuid4().hex[:16]}", "name": call["name"],
+               "args": call.get("args") or {}}
+    state._approvals.append(waiting)
+    return waiting
+
+
+def settle_approval(state: State, call_id: str) -> None:
+    """Record that a decided call's result was added; the next save marks the call done."""
+    state._settled.append(call_id)
+
+
 async def autosave(state: State, profile: Profile | None = None) -> None:
     """Persist what changed (new messages, the workspace, ``profile`` if given) in one transaction.
 
@@ -221,7 +239,8 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
     workspace = state.workspace.to_dict()
     changed = workspace != state._saved_workspace
     pending = list(state.conversation.unsaved)
-    if not (pending or changed or profile or complete):
+    approvals, settled = list(state._approvals), list(state._settled)
+    if not (pending or changed or profile or complete or approvals or settled):
         return
     batch = SaveBatch(
         user_id=state.user_id,
@@ -234,10 +253,14 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
         complete=complete,
         epoch=state.epoch,
         save_id=state._save_id,
+        approvals=approvals,
+        settled=settled,
     )
     state.version = await state.store.save(batch)
     state._save_id = uuid.uuid4().hex
     del state.conversation.unsaved[: len(pending)]
+    del state._approvals[: len(approvals)]
+    del state._settled[: len(settled)]
     state._saved_workspace = workspace
     state.conversation.last_updated = _time.now()
 

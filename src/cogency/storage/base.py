@@ -6,7 +6,7 @@ import hashlib
 import os
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -28,6 +28,8 @@ MIGRATION_NAMES = (
     "m003_task_workspace_columns",
     "m004_run_leases",
     "m005_forget_generation",
+    "m006_approvals",
+    "m007_service",
     "m008_task_settings",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
@@ -50,6 +52,15 @@ class TaskRecord:
     returned, and are refused once the row has another (the run lost its hold)."""
     settings: dict[str, Any] = field(default_factory=dict)
     """What the task's starter stored to run it again (the CLI: its tools, root and model)."""
+    pending_approvals: list[dict[str, Any]] = field(default_factory=list)
+    """The tool calls this task waits on a person to allow (see :data:`APPROVAL_STATUSES`);
+    filled by ``load_task`` and ``list_tasks``."""
+
+
+APPROVAL_STATUSES = ("pending", "approved", "denied", "running", "done")
+"""The life of a tool call that needs a person: ``pending`` until decided (``approved`` or
+``denied``); an approved call is marked ``running`` before it starts, so it never starts
+twice; ``done`` once its result (or the denial) is stored in the conversation."""
 
 
 @dataclass
@@ -77,7 +88,9 @@ class SaveBatch:
     ``expected_version`` (or holds the version this same ``save_id`` wrote, when an earlier
     attempt landed unseen); ``complete`` deletes the workspace. With ``epoch`` set, the whole
     batch is refused (:class:`~cogency.errors.LeaseLostError`) unless the task row still has
-    that lease epoch.
+    that lease epoch. ``approvals`` (``{"id", "name", "args"}`` each) are stored as calls
+    waiting for a person (once, on a retry too); ``settled`` names calls whose result is among
+    ``messages`` (their status becomes ``done``).
     """
 
     user_id: str
@@ -90,6 +103,23 @@ class SaveBatch:
     complete: bool = False
     epoch: int | None = None
     save_id: str | None = None
+    approvals: list[dict[str, Any]] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ApiKeyRecord:
+    """One row of ``api_keys``: a key of the HTTP service, which acts as ``user_id``.
+
+    Only a hash of the key's secret is stored; ``key_id`` is its public part.
+    """
+
+    key_id: str
+    user_id: str
+    key_hash: str
+    name: str = ""
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
 
 
 @runtime_checkable
@@ -162,7 +192,30 @@ class Store(Protocol):
         """How many times the user was forgotten (0 for one never forgotten)."""
         ...
 
-    async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]: ...
+    async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
+        """Unfinished tasks, oldest first, each with its ``pending_approvals``."""
+        ...
+
+    async def load_approvals(
+        self, task_id: str, user_id: str, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The task's calls that needed a person (only those in ``status`` when given), in
+        the order the model asked for them: dicts with ``id``, ``task_id``, ``name``,
+        ``args``, ``status``, ``created_at`` and ``decided_at`` (ISO strings or None)."""
+        ...
+
+    async def decide_approvals(
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+    ) -> list[dict[str, Any]]:
+        """Approve (``True``) or deny (``False``) pending calls by id, all or none: an unknown
+        id raises ``NotFoundError``, a call decided before ``ConflictError``. Returns the
+        decided calls. Nothing runs here: ``Agent.resume`` runs what was approved."""
+        ...
+
+    async def start_approvals(self, task_id: str, user_id: str, call_ids: Sequence[str]) -> None:
+        """Mark approved calls as running, just before they run (``ConflictError`` if one is
+        not ``approved``): a call marked running is never started again."""
+        ...
 
     async def list_conversations(self, user_id: str) -> list[ConversationRecord]: ...
 
@@ -171,7 +224,53 @@ class Store(Protocol):
         advance their generation: learning that began before can then never write."""
         ...
 
+    # -- the HTTP service (``cogency serve``) ---------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRecord) -> None:
+        """Store a new key (its hash, never the key); ``ConflictError`` if the id exists."""
+        ...
+
+    async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        """The key with this public id, revoked or not; ``None`` when there is none."""
+        ...
+
+    async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]: ...
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        """Mark the key revoked (``NotFoundError`` if there is none); revoking twice is fine."""
+        ...
+
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+        """Reserve the conversation for one run across every process on this database.
+
+        ``ConversationBusyError`` while another live runner holds it; ``NotFoundError`` if it
+        is another user's. A runner whose process died holds nothing.
+        """
+        ...
+
+    async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        """Give up a hold taken by ``runner`` (nothing happens if it holds none)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+def busy_conversation(conversation_id: str) -> str:
+    """The message of :class:`~cogency.errors.ConversationBusyError`."""
+    return (
+        f"conversation {conversation_id!r} has a run in flight; wait for it to end "
+        "(follow it, or list unfinished tasks), then send the next message"
+    )
+
+
+def api_key_record(row: Any) -> ApiKeyRecord:
+    """An ``api_keys`` row (id, user, hash, name, created_at, revoked_at) as a record."""
+    key_id, user_id, key_hash, name, created, revoked = row
+    return ApiKeyRecord(
+        key_id, user_id, key_hash, name,
+        _time.parse(created) if created else None,
+        _time.parse(revoked) if revoked else None,
+    )
 
 
 def decode(text: str, table: str, key: str, column: str) -> dict[str, Any]:
@@ -305,6 +404,49 @@ def schema_problem(done: set[str], where: str) -> StorageError | None:
             "task on it, or open a store on it without read_only), then read it again"
         )
     return None
+
+
+def approval_record(row: Any) -> dict[str, Any]:
+    """A ``task_approvals`` row (call_id, task_id, call_data, status, created_at, decided_at)
+    as the dict the store API returns."""
+    call_id, task_id, data, status, created, decided = row
+    call = decode(data, "task_approvals", call_id, "call_data")
+    return {"id": call_id, "task_id": task_id, "name": call.get("name"),
+            "args": call.get("args") or {}, "status": status, "created_at": created,
+            "decided_at": decided}
+
+
+def approval_data(call: dict[str, Any]) -> str:
+    """What ``task_approvals.call_data`` holds for a call."""
+    return dumps({"name": call["name"], "args": call.get("args") or {}})
+
+
+def check_decisions(
+    task_id: str, statuses: Mapping[str, str], decisions: Mapping[str, bool]
+) -> None:
+    """Refuse a set of decisions unless every one is a bool for a pending call of the task."""
+    from ..errors import ConflictError, NotFoundError, UsageError
+
+    if not isinstance(decisions, Mapping) or not decisions:
+        raise UsageError("decisions must be a non-empty mapping of call id to True or False")
+    waiting = sorted(call for call, status in statuses.items() if status == "pending")
+    for call_id, verdict in decisions.items():
+        if not isinstance(verdict, bool):
+            raise UsageError(
+                f"the decision for call {call_id!r} must be True (approve) or False (deny), "
+                f"not {verdict!r}"
+            )
+        status = statuses.get(call_id)
+        if status is None:
+            raise NotFoundError(
+                f"task {task_id!r} has no call {str(call_id)[:80]!r} waiting for approval "
+                f"(waiting: {', '.join(waiting) or 'none'})"
+            )
+        if status != "pending":
+            raise ConflictError(
+                f"call {call_id!r} of task {task_id!r} was already decided ({status}); "
+                "a decision cannot be changed"
+            )
 
 
 def legacy_messages(

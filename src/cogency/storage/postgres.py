@@ -11,10 +11,11 @@ task is then free, and every write of the old runner is fenced out by the lease 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -25,6 +26,7 @@ from ..errors import (
     CogencyError,
     ConfigurationError,
     ConflictError,
+    ConversationBusyError,
     ForgottenError,
     NotFoundError,
     StorageError,
@@ -35,9 +37,15 @@ from ..errors import (
 from ..memory.profile import Profile
 from .base import (
     MIGRATION_NAMES,
+    ApiKeyRecord,
     ConversationRecord,
     SaveBatch,
     TaskRecord,
+    approval_data,
+    approval_record,
+    check_decisions,
+    api_key_record,
+    busy_conversation,
     conflict,
     conversation_record,
     decode,
@@ -231,6 +239,46 @@ async def _m005_forget_generation(db: asyncpg.Connection) -> None:
     )
 
 
+async def _m006_approvals(db: asyncpg.Connection) -> None:
+    # Tool calls that wait for a person, one row each, so another process (or the HTTP
+    # service) can list and decide them, and an approved call is never started twice.
+    await db.execute(
+        """
+        CREATE TABLE task_approvals (
+            task_id TEXT NOT NULL REFERENCES task_workspaces(task_id) ON DELETE CASCADE,
+            call_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,               -- the task's user: every read is scoped by it
+            position INTEGER NOT NULL,           -- the order the model asked for the calls
+            call_data JSON NOT NULL,             -- {"name", "args"}
+            status TEXT NOT NULL,                -- pending, approved, denied, running, done
+            created_at TEXT NOT NULL,
+            decided_at TEXT,
+            PRIMARY KEY (task_id, call_id)
+        );
+        CREATE INDEX task_approvals_by_user ON task_approvals(user_id, status);
+        """
+    )
+
+
+async def _m007_service(db: asyncpg.Connection) -> None:
+    # The HTTP service (`cogency serve`): its API keys. Which conversation has a run is a
+    # session advisory lock here (SQLite keeps a conversation_runs table instead): it dies
+    # with the replica that held it.
+    await db.execute(
+        """
+        CREATE TABLE api_keys (
+            key_id TEXT PRIMARY KEY,             -- the key's public part, shown by `keys list`
+            user_id TEXT NOT NULL,               -- every request with the key acts as this user
+            key_hash TEXT NOT NULL,              -- SHA-256 of the secret part; never the key
+            name TEXT NOT NULL DEFAULT '',
+            created_at TIMESTAMPTZ NOT NULL,
+            revoked_at TIMESTAMPTZ               -- set by `keys revoke`: the key stops working
+        );
+        CREATE INDEX api_keys_by_user ON api_keys(user_id);
+        """
+    )
+
+
 async def _m008_task_settings(db: asyncpg.Connection) -> None:
     # What the task's starter needs to run it again as it was started (the CLI keeps its
     # tools, root and model here), so a resume does not silently run with other tools.
@@ -243,6 +291,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
     ("m005_forget_generation", _m005_forget_generation),
+    ("m006_approvals", _m006_approvals),
+    ("m007_service", _m007_service),
     ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -358,6 +408,9 @@ class PostgresStore:
         self._leases: dict[str, tuple[str, int]] = {}
         """task_id -> (runner, epoch) of the tasks this store's runs hold."""
         self._windows = _Windows()
+        self._holds: dict[str, str] = {}
+        """conversation_id -> runner of the conversations held (``hold_conversation``): session
+        advisory locks on the lease connection, gone with it."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -446,6 +499,7 @@ class PostgresStore:
         self._lease_db = None
         self._key = None
         self._leases.clear()
+        self._holds.clear()
 
     async def _use(
         self,
@@ -589,6 +643,7 @@ class PostgresStore:
         pool, lease_db = self._pool, self._lease_db
         self._pool, self._lease_db, self._key = None, None, None
         self._leases.clear()
+        self._holds.clear()
         try:
             if lease_db is not None and not lease_db.is_closed():
                 await lease_db.close(timeout=5)  # closing the session frees its advisory locks
@@ -632,6 +687,7 @@ class PostgresStore:
             # The lock went with the session: other stores may claim this store's tasks now,
             # and the runs still going here are fenced out when they do.
             self._lease_db, self._key = None, None
+            self._holds.clear()
 
     async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
         holder = self._leases.get(task_id)
@@ -701,6 +757,103 @@ class PostgresStore:
             raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
         self._leases.pop(task_id, None)
         return cast("str | None", row["runner"])
+
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+        await self._holder()  # the lease connection: holds live (and die) with its session
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            holder = self._holds.get(conversation_id)
+            if holder == runner:
+                return
+            db = self._lease_db
+            if db is None or db.is_closed():
+                raise StoreUnavailableError(
+                    f"the lease connection to PostgreSQL at {self._where()} was just lost; "
+                    "nothing is held: retry"
+                )
+            try:
+                # NULL: another user's conversation (it must look "not found", not "busy").
+                # Advisory locks nest within a session, so one this store holds is busy here.
+                got = await db.fetchval(
+                    "SELECT CASE WHEN EXISTS (SELECT 1 FROM conversations WHERE "
+                    "conversation_id = $2 AND user_id <> $3) THEN NULL "
+                    "WHEN $4 THEN false ELSE pg_try_advisory_lock($1) END",
+                    _hold_key(conversation_id), conversation_id, user_id,
+                    holder is not None,
+                )
+            except Exception as exc:
+                raise self._error(exc, "holding a conversation") from exc
+            if got is None:
+                raise NotFoundError(no_conversation(conversation_id, user_id))
+            if not got:
+                raise ConversationBusyError(busy_conversation(conversation_id))
+            self._holds[conversation_id] = runner
+
+    async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        await self._ready()
+        assert self._lease_lock is not None
+        async with self._lease_lock:
+            if self._holds.get(conversation_id) != runner:
+                return
+            del self._holds[conversation_id]
+            if self._lease_db is None or self._lease_db.is_closed():
+                return  # the session is gone, and its locks with it
+            try:
+                await self._lease_db.fetchval(
+                    "SELECT pg_advisory_unlock($1)", _hold_key(conversation_id)
+                )
+            except Exception as exc:
+                raise self._error(exc, "releasing a conversation") from exc
+
+    # -- API keys -------------------------------------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRecord) -> None:
+        driver = _driver()
+
+        async def work(db: asyncpg.Connection) -> None:
+            try:
+                await db.execute(
+                    "INSERT INTO api_keys (key_id, user_id, key_hash, name, created_at) "
+                    "VALUES ($1, $2, $3, $4, $5)",
+                    key.key_id, key.user_id, key.key_hash, key.name,
+                    key.created_at or _time.now(),
+                )
+            except driver.exceptions.UniqueViolationError as exc:
+                raise ConflictError(f"an API key {key.key_id!r} exists already") from exc
+
+        await self._use("creating an API key", work)
+
+    async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        async def work(db: asyncpg.Connection) -> ApiKeyRecord | None:
+            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+            return None if row is None else api_key_record(row)
+
+        return await self._read("checking an API key", work)
+
+    async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
+        async def work(db: asyncpg.Connection) -> list[ApiKeyRecord]:
+            if user_id is None:
+                rows = await db.fetch(_SELECT_KEYS + " ORDER BY created_at, key_id")
+            else:
+                rows = await db.fetch(
+                    _SELECT_KEYS + " WHERE user_id = $1 ORDER BY created_at, key_id", user_id
+                )
+            return [api_key_record(row) for row in rows]
+
+        return await self._read("listing API keys", work)
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        async def work(db: asyncpg.Connection) -> ApiKeyRecord:
+            await db.execute(
+                "UPDATE api_keys SET revoked_at = $2 WHERE key_id = $1 AND revoked_at IS NULL",
+                key_id, _time.now(),
+            )
+            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+            if row is None:
+                raise NotFoundError(f"no API key {key_id!r} (`cogency keys list` lists them)")
+            return api_key_record(row)
+
+        return await self._use("revoking an API key", work)
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -785,13 +938,12 @@ class PostgresStore:
             row = await db.fetchrow(_TASK_COLUMNS + " WHERE task_id = $1 AND user_id = $2",
                                     task_id, user_id)
             if row is None:
-                raise NotFoundError(
-                    f"no unfinished task {task_id!r} for user {user_id!r} "
-                    "(it may have completed; `cogency tasks` lists the unfinished ones)"
-                )
-            return task_record(row, _get_text)
+                raise NotFoundError(_no_task(task_id, user_id))
+            task = task_record(row, _get_text)
+            task.pending_approvals = (await _approvals(db, [task_id], "pending")).get(task_id, [])
+            return task
 
-        return await self._read("loading a task", work)
+        return await self._use("loading a task", work, write=False)
 
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
         async def work(db: asyncpg.Connection) -> list[TaskRecord]:
@@ -801,9 +953,61 @@ class PostgresStore:
                 rows = await db.fetch(
                     _TASK_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, task_id", user_id
                 )
-            return [task_record(row, _get_text) for row in rows]
+            tasks = [task_record(row, _get_text) for row in rows]
+            waiting = await _approvals(db, [task.task_id for task in tasks], "pending")
+            for task in tasks:
+                task.pending_approvals = waiting.get(task.task_id, [])
+            return tasks
 
-        return await self._read("listing tasks", work)
+        return await self._use("listing tasks", work, write=False)
+
+    async def load_approvals(
+        self, task_id: str, user_id: str, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+            await _owned_task(db, task_id, user_id)
+            return (await _approvals(db, [task_id], status)).get(task_id, [])
+
+        return await self._use("loading approvals", work, write=False)
+
+    async def decide_approvals(
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+    ) -> list[dict[str, Any]]:
+        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+            await _owned_task(db, task_id, user_id)
+            # Locks the task's calls: a second decider waits, then sees them decided.
+            rows = await db.fetch(
+                "SELECT call_id, status FROM task_approvals WHERE task_id = $1 AND user_id = $2 "
+                "FOR UPDATE",
+                task_id, user_id,
+            )
+            check_decisions(task_id, {row[0]: row[1] for row in rows}, decisions)
+            await db.executemany(
+                "UPDATE task_approvals SET status = $1, decided_at = $2 "
+                "WHERE task_id = $3 AND call_id = $4 AND status = 'pending'",
+                [("approved" if verdict else "denied", _time.now().isoformat(), task_id, call_id)
+                 for call_id, verdict in decisions.items()],
+            )
+            decided = (await _approvals(db, [task_id])).get(task_id, [])
+            return [call for call in decided if call["id"] in decisions]
+
+        return await self._use("deciding approvals", work)
+
+    async def start_approvals(self, task_id: str, user_id: str, call_ids: Sequence[str]) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            started = await db.fetchval(
+                "WITH started AS (UPDATE task_approvals SET status = 'running' "
+                "WHERE task_id = $1 AND user_id = $2 AND call_id = ANY($3::text[]) "
+                "AND status = 'approved' RETURNING 1) SELECT count(*) FROM started",
+                task_id, user_id, list(call_ids),
+            )
+            if started != len(set(call_ids)):
+                raise ConflictError(
+                    f"calls {', '.join(call_ids)} of task {task_id!r} are not all approved and "
+                    "waiting to run (another runner may have started them); nothing was started"
+                )
+
+        await self._use("starting approved calls", work)
 
     async def save(self, batch: SaveBatch) -> int:
         check = batch.workspace is not None or batch.complete or batch.epoch is not None
@@ -837,10 +1041,15 @@ class PostgresStore:
                     return version  # an earlier attempt of this completion landed
                 version, step = landed, 0  # write the landed version again
             _number(messages, rows)
+            if (batch.approvals or batch.settled) and not batch.complete:
+                await _record_approvals(db, batch, stamp)  # in the same transaction (below)
             return int(next(row["seq"] for row in rows if row["kind"] == 0))
 
         if not batch.complete:
-            return await self._use("saving a task", work, transaction=False, idempotent=True)
+            # A step that pauses for approval, or settles decided calls, also writes
+            # task_approvals: one transaction then, so both land or neither.
+            return await self._use("saving a task", work, idempotent=True,
+                                   transaction=bool(batch.approvals or batch.settled))
         try:
             return await self._use("completing a task", work, transaction=False, idempotent=True)
         finally:
@@ -1013,6 +1222,60 @@ _PAGE = (
     "AND ($3::int IS NULL OR seq < $3::int) ORDER BY seq DESC LIMIT $4) m ON true "
     "WHERE c.conversation_id = $1 AND c.user_id = $2 ORDER BY m.seq DESC"
 )
+
+
+def _no_task(task_id: str, user_id: str) -> str:
+    return (
+        f"no unfinished task {task_id!r} for user {user_id!r} "
+        "(it may have completed; `cogency tasks` lists the unfinished ones)"
+    )
+
+
+async def _owned_task(db: asyncpg.Connection, task_id: str, user_id: str) -> None:
+    if await db.fetchval(
+        "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND user_id = $2", task_id, user_id
+    ) is None:
+        raise NotFoundError(_no_task(task_id, user_id))
+
+
+async def _approvals(
+    db: asyncpg.Connection, task_ids: Sequence[str], status: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The approval rows of these tasks (in ``status`` when given), by task, in order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    if not task_ids:
+        return found
+    rows = await db.fetch(
+        "SELECT call_id, task_id, call_data::text, status, created_at, decided_at "
+        "FROM task_approvals WHERE task_id = ANY($1::text[]) "
+        "AND ($2::text IS NULL OR status = $2::text) ORDER BY task_id, position",
+        list(task_ids), status,
+    )
+    for row in rows:
+        found.setdefault(row[1], []).append(approval_record(row))
+    return found
+
+
+async def _record_approvals(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> None:
+    if batch.approvals:
+        last = await db.fetchval(
+            "SELECT COALESCE(MAX(position), 0) FROM task_approvals WHERE task_id = $1",
+            batch.task_id,
+        )
+        await db.executemany(
+            # ON CONFLICT: a save retried after an unknown outcome stores each call once.
+            "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, "
+            "status, created_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6) "
+            "ON CONFLICT (task_id, call_id) DO NOTHING",
+            [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call),
+              stamp.isoformat()) for number, call in enumerate(batch.approvals, start=1)],
+        )
+    if batch.settled:
+        await db.execute(
+            "UPDATE task_approvals SET status = 'done' WHERE task_id = $1 "
+            "AND call_id = ANY($2::text[])",
+            batch.task_id, list(batch.settled),
+        )
 
 
 async def _keep_session(db: asyncpg.Connection) -> None:
@@ -1250,6 +1513,9 @@ async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
     raise ConflictError(conflict(batch, version))
 
 
+_SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
+
+
 # PostgreSQL text cannot hold NUL, which SQLite stores (a model may emit "\u0000"). Text with
 # NUL is stored with it escaped; the escape character is escaped too, so the mapping is
 # reversible, and text holding neither (nearly all of it) is stored verbatim.
@@ -1276,6 +1542,14 @@ _HELD = (
     "AND l.objsubid = 1 AND l.classid::int8 = (t.lease_holder >> 32) & 4294967295 "
     "AND l.objid::int8 = t.lease_holder & 4294967295)"
 )
+
+
+def _hold_key(conversation_id: str) -> int:
+    """The advisory-lock key of a conversation's hold: 64 bits of a hash (the stores' random
+    lease keys share the space; meeting one is a 1 in 2**64 chance)."""
+    digest = hashlib.blake2b(b"cogency.conversation\0" + conversation_id.encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 def _message(row: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from datetime import timedelta
@@ -15,6 +15,7 @@ from .. import _time
 from .._json import dumps
 from ..errors import (
     ConflictError,
+    ConversationBusyError,
     ForgottenError,
     NotFoundError,
     StorageError,
@@ -24,10 +25,16 @@ from ..errors import (
 from ..memory.profile import Profile
 from .base import (
     MIGRATION_NAMES,
+    ApiKeyRecord,
     ConversationRecord,
     SaveBatch,
     TaskRecord,
     abandon_runner,
+    approval_data,
+    approval_record,
+    check_decisions,
+    api_key_record,
+    busy_conversation,
     conflict,
     conversation_record,
     decode,
@@ -183,6 +190,27 @@ def _m004_run_leases(db: sqlite3.Connection) -> None:
     )
 
 
+def _m006_approvals(db: sqlite3.Connection) -> None:
+    # Tool calls that wait for a person, one row each, so another process (or the HTTP
+    # service) can list and decide them, and an approved call is never started twice.
+    _script(db,
+        """
+        CREATE TABLE task_approvals (
+            task_id TEXT NOT NULL REFERENCES task_workspaces(task_id) ON DELETE CASCADE,
+            call_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,               -- the task's user: every read is scoped by it
+            position INTEGER NOT NULL,           -- the order the model asked for the calls
+            call_data TEXT NOT NULL,             -- {"name", "args"} as JSON
+            status TEXT NOT NULL,                -- pending, approved, denied, running, done
+            created_at TEXT NOT NULL,
+            decided_at TEXT,
+            PRIMARY KEY (task_id, call_id)
+        );
+        CREATE INDEX task_approvals_by_user ON task_approvals(user_id, status);
+        """
+    )
+
+
 def _m008_task_settings(db: sqlite3.Connection) -> None:
     # What the task's starter needs to run it again as it was started (the CLI keeps its
     # tools, root and model here), so a resume does not silently run with other tools.
@@ -210,12 +238,37 @@ def _m005_forget_generation(db: sqlite3.Connection) -> None:
     )
 
 
+def _m007_service(db: sqlite3.Connection) -> None:
+    # The HTTP service (`cogency serve`): its API keys, and which conversation has a run.
+    _script(db,
+        """
+        CREATE TABLE api_keys (
+            key_id TEXT PRIMARY KEY,             -- the key's public part, shown by `keys list`
+            user_id TEXT NOT NULL,               -- every request with the key acts as this user
+            key_hash TEXT NOT NULL,              -- SHA-256 of the secret part; never the key
+            name TEXT NOT NULL DEFAULT '',
+            created_at TEXT NOT NULL,
+            revoked_at TEXT                      -- set by `keys revoke`: the key stops working
+        );
+        CREATE INDEX api_keys_by_user ON api_keys(user_id);
+        CREATE TABLE conversation_runs (
+            conversation_id TEXT PRIMARY KEY,    -- one run at a time per conversation, across
+            user_id TEXT NOT NULL,               -- every process on this file
+            runner TEXT NOT NULL,                -- host|pid|start|token: a dead holder's row
+            started_at TEXT NOT NULL             -- is stale and taken over
+        );
+        """
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
     ("m003_task_workspace_columns", _m003_task_workspace_columns),
     ("m004_run_leases", _m004_run_leases),
     ("m005_forget_generation", _m005_forget_generation),
+    ("m006_approvals", _m006_approvals),
+    ("m007_service", _m007_service),
     ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
@@ -517,11 +570,10 @@ class SQLiteStore:
                 (task_id, user_id),
             ).fetchone()
             if row is None:
-                raise NotFoundError(
-                    f"no unfinished task {task_id!r} for user {user_id!r} "
-                    "(it may have completed; `cogency tasks` lists the unfinished ones)"
-                )
-            return task_record(row)
+                raise NotFoundError(_no_task(task_id, user_id))
+            task = task_record(row)
+            task.pending_approvals = _approvals(db, [task_id], "pending").get(task_id, [])
+            return task
 
         return await self._run(work)
 
@@ -533,9 +585,59 @@ class SQLiteStore:
                 if user_id is not None
                 else db.execute(sql + " ORDER BY updated_at")
             )
-            return [task_record(row) for row in rows]
+            tasks = [task_record(row) for row in rows]
+            waiting = _approvals(db, [task.task_id for task in tasks], "pending")
+            for task in tasks:
+                task.pending_approvals = waiting.get(task.task_id, [])
+            return tasks
 
         return await self._run(work)
+
+    async def load_approvals(
+        self, task_id: str, user_id: str, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            _owned_task(db, task_id, user_id)
+            return _approvals(db, [task_id], status).get(task_id, [])
+
+        return await self._run(work)
+
+    async def decide_approvals(
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+    ) -> list[dict[str, Any]]:
+        def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            _owned_task(db, task_id, user_id)
+            statuses = dict(db.execute(
+                "SELECT call_id, status FROM task_approvals WHERE task_id = ?", (task_id,)
+            ).fetchall())
+            check_decisions(task_id, statuses, decisions)
+            stamp = _time.now().isoformat()
+            db.executemany(
+                "UPDATE task_approvals SET status = ?, decided_at = ? "
+                "WHERE task_id = ? AND call_id = ? AND status = 'pending'",
+                [("approved" if verdict else "denied", stamp, task_id, call_id)
+                 for call_id, verdict in decisions.items()],
+            )
+            decided = _approvals(db, [task_id]).get(task_id, [])
+            return [call for call in decided if call["id"] in decisions]
+
+        return await self._run(self._write(work))
+
+    async def start_approvals(self, task_id: str, user_id: str, call_ids: Sequence[str]) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            for call_id in call_ids:
+                changed = db.execute(
+                    "UPDATE task_approvals SET status = 'running' WHERE task_id = ? "
+                    "AND user_id = ? AND call_id = ? AND status = 'approved'",
+                    (task_id, user_id, call_id),
+                ).rowcount
+                if changed != 1:
+                    raise ConflictError(
+                        f"call {call_id!r} of task {task_id!r} is not approved and waiting to "
+                        "run (another runner may have started it)"
+                    )
+
+        await self._run(self._write(work))
 
     async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
         def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -666,6 +768,8 @@ class SQLiteStore:
                 _append(db, batch, stamp)
             if batch.profile is not None:
                 _put_profile(db, batch.profile, stamp)
+            if batch.approvals or batch.settled:
+                _record_approvals(db, batch, stamp)
             if batch.complete:
                 db.execute("DELETE FROM task_workspaces WHERE task_id = ?", (batch.task_id,))
             elif batch.workspace is not None:
@@ -775,9 +879,144 @@ class SQLiteStore:
 
     async def user_generation(self, user_id: str) -> int:
         return await self._run(lambda db: _generation(db, user_id))
+    # -- the HTTP service -----------------------------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRecord) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            try:
+                db.execute(
+                    "INSERT INTO api_keys (key_id, user_id, key_hash, name, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (key.key_id, key.user_id, key.key_hash, key.name,
+                     (key.created_at or _time.now()).isoformat()),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise ConflictError(f"an API key {key.key_id!r} exists already") from exc
+
+        await self._run(self._write(work))
+
+    async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        def work(db: sqlite3.Connection) -> ApiKeyRecord | None:
+            row = db.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
+            return None if row is None else api_key_record(row)
+
+        return await self._run(work)
+
+    async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
+        def work(db: sqlite3.Connection) -> list[ApiKeyRecord]:
+            if user_id is None:
+                rows = db.execute(_SELECT_KEYS + " ORDER BY created_at, key_id")
+            else:
+                rows = db.execute(
+                    _SELECT_KEYS + " WHERE user_id = ? ORDER BY created_at, key_id", (user_id,)
+                )
+            return [api_key_record(row) for row in rows]
+
+        return await self._run(work)
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        def work(db: sqlite3.Connection) -> ApiKeyRecord:
+            db.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
+                (_time.now().isoformat(), key_id),
+            )
+            row = db.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no API key {key_id!r} (`cogency keys list` lists them)")
+            return api_key_record(row)
+
+        return await self._run(self._write(work))
+
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            owner = _conversation_owner(db, conversation_id)
+            if owner is not None and owner != user_id:
+                raise NotFoundError(no_conversation(conversation_id, user_id))
+            row = db.execute(
+                "SELECT runner FROM conversation_runs WHERE conversation_id = ?",
+                (conversation_id,),
+            ).fetchone()
+            if row is not None and row[0] != runner and runner_alive(row[0]):
+                raise ConversationBusyError(busy_conversation(conversation_id))
+            db.execute(
+                "INSERT OR REPLACE INTO conversation_runs (conversation_id, user_id, runner, "
+                "started_at) VALUES (?, ?, ?, ?)",
+                (conversation_id, user_id, runner, _time.now().isoformat()),
+            )
+
+        await self._run(self._write(work))
+
+    async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        try:
+            await self._run(
+                self._write(
+                    lambda db: db.execute(
+                        "DELETE FROM conversation_runs WHERE conversation_id = ? AND runner = ?",
+                        (conversation_id, runner),
+                    )
+                )
+            )
+        except BaseException:
+            abandon_runner(runner)  # its row is stale from now on, whatever the database says
+            raise
+
+
+_SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
 
 
 # -- row helpers (run on the worker thread) -------------------------------------------------
+
+
+def _no_task(task_id: str, user_id: str) -> str:
+    return (
+        f"no unfinished task {task_id!r} for user {user_id!r} "
+        "(it may have completed; `cogency tasks` lists the unfinished ones)"
+    )
+
+
+def _owned_task(db: sqlite3.Connection, task_id: str, user_id: str) -> None:
+    if db.execute(
+        "SELECT 1 FROM task_workspaces WHERE task_id = ? AND user_id = ?", (task_id, user_id)
+    ).fetchone() is None:
+        raise NotFoundError(_no_task(task_id, user_id))
+
+
+def _approvals(
+    db: sqlite3.Connection, task_ids: Sequence[str], status: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The approval rows of these tasks (in ``status`` when given), by task, in order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for start in range(0, len(task_ids), 500):  # within SQLite's bound-parameter limit
+        chunk = list(task_ids[start : start + 500])
+        marks = ",".join("?" * len(chunk))
+        sql = (
+            "SELECT call_id, task_id, call_data, status, created_at, decided_at "
+            f"FROM task_approvals WHERE task_id IN ({marks})"
+        )
+        if status is not None:
+            sql += " AND status = ?"
+            chunk.append(status)
+        for row in db.execute(sql + " ORDER BY task_id, position", chunk):
+            found.setdefault(row[1], []).append(approval_record(row))
+    return found
+
+
+def _record_approvals(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
+    (last,) = db.execute(
+        "SELECT COALESCE(MAX(position), 0) FROM task_approvals WHERE task_id = ?",
+        (batch.task_id,),
+    ).fetchone()
+    db.executemany(
+        # OR IGNORE: a save retried after an unknown outcome stores each call once.
+        "INSERT OR IGNORE INTO task_approvals (task_id, call_id, user_id, position, call_data, "
+        "status, created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+        [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call), stamp)
+         for number, call in enumerate(batch.approvals, start=1)],
+    )
+    db.executemany(
+        "UPDATE task_approvals SET status = 'done' WHERE task_id = ? AND call_id = ?",
+        [(batch.task_id, call_id) for call_id in batch.settled],
+    )
 
 
 def _ensure_profile(db: sqlite3.Connection, user_id: str, stamp: str) -> None:

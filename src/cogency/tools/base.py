@@ -44,6 +44,10 @@ class Tool:
     :data:`MAX_TOOL_THREADS`), never in the event loop's shared pool: a call that hangs keeps
     its thread, but never starves other tools or the loop.
 
+    ``needs_approval``: ``True`` when a person must allow each call first (see the agent's
+    ``approve``), or a callable of the call's arguments (a dict) returning whether this call
+    needs it; a callable that raises or returns anything but ``False`` means it does.
+
     ``hide``, when set, is called by the :class:`~cogency.Agent` with the paths of its store's
     files, which the tool must keep out of reach (the shell sandbox hides them).
     """
@@ -53,6 +57,7 @@ class Tool:
     parameters: dict[str, Any]
     func: Callable[..., Any]
     timeout: float = DEFAULT_TIMEOUT
+    needs_approval: bool | Callable[[dict[str, Any]], Any] = False
     hide: Callable[[Sequence[str]], None] | None = field(default=None, repr=False)
     _threads: threading.BoundedSemaphore = field(
         default_factory=lambda: threading.BoundedSemaphore(MAX_TOOL_THREADS),
@@ -76,6 +81,23 @@ class Tool:
             raise ToolError(f"tool {self.name!r}: parameters must be a JSON schema of type object")
         if not self.timeout or self.timeout <= 0:
             raise ToolError(f"tool {self.name!r}: timeout must be a positive number of seconds")
+        if not isinstance(self.needs_approval, bool) and not callable(self.needs_approval):
+            raise ToolError(
+                f"tool {self.name!r}: needs_approval must be a bool or a callable of the args"
+            )
+
+    async def requires_approval(self, args: dict[str, Any]) -> bool:
+        """Whether this call must wait for a person (fails closed: an error means yes)."""
+        rule = self.needs_approval
+        if isinstance(rule, bool):
+            return rule
+        try:
+            verdict = rule(dict(args))
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception:  # a broken rule must not let a call through unasked
+            return True
+        return verdict is not False
 
     def validate(self, args: Any) -> dict[str, Any]:
         """``args`` checked against the schema (ints accepted for numbers); raises
@@ -129,7 +151,11 @@ def tool(func: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    needs_approval: bool | Callable[[dict[str, Any]], Any] = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -140,6 +166,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    needs_approval: bool | Callable[[dict[str, Any]], Any] = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` of a typed, documented function (``@tool`` or ``@tool(timeout=5)``).
 
@@ -161,6 +188,7 @@ def tool(
             parameters=_schema_of(fn, arg_docs),
             func=fn,
             timeout=timeout,
+            needs_approval=needs_approval,
         )
 
     return build(func) if func is not None else build

@@ -281,7 +281,7 @@ def files_tools(
     read_only: bool = False,
 ) -> list[Tool]:
     """The file tools, confined to ``root``: file_read, file_list, file_search, and unless
-    ``read_only``, file_write and file_edit."""
+    ``read_only``, file_write and file_edit (which need a person's approval by default)."""
     jail = _Root(root)
 
     def file_read(path: str, start_line: int = 1, max_lines: int = 0) -> str:
@@ -462,6 +462,7 @@ def files_tools(
         },
         file_write,
         timeout=30,
+        needs_approval=True,  # it changes files
     )
     edit_tool = Tool(
         "file_edit",
@@ -479,6 +480,7 @@ def files_tools(
         },
         file_edit,
         timeout=30,
+        needs_approval=True,  # it changes files
     )
     list_tool = Tool(
         "file_list",

@@ -259,7 +259,7 @@ class MCPServer:
                 remote_name=remote.name,
                 input_schema=_without_patterns(schema),
             )
-            tool.needs_approval = self._approval_needed(remote.name)  # type: ignore[attr-defined]
+            tool.needs_approval = self._approval_needed(remote.name)
             tools.append(tool)
         return tools
 
@@ -290,7 +290,7 @@ class MCPServer:
             func=start_again,
             timeout=self.start_timeout + 5,
         )
-        tool.needs_approval = False  # type: ignore[attr-defined]  # starting it calls no tool
+        tool.needs_approval = False  # starting it calls no tool
         return tool
 
 

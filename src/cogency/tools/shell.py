@@ -204,6 +204,7 @@ def shell_tool(
         },
         shell,
         timeout=timeout + 10,
+        needs_approval=True,  # a command can change anything the process can
         hide=hide if use_sandbox else None,
     )
 

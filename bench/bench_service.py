@@ -1,0 +1,240 @@
+"""``cogency serve``: requests per second and latency through real server processes.
+
+1. Load: N concurrent users (1, 10, 50), each with its own key, each sending runs one after
+   another (``POST /api/runs``, waiting for the answer) on its own conversation, for a fixed
+   time. The model is scripted and answers every call after 50 ms. Configurations: SQLite with
+   one server, PostgreSQL with one replica, PostgreSQL with two replicas (users spread over
+   them). Reported per configuration and user count: requests/s, p50 and p99 latency.
+2. The server's own cost: one client, sequential runs, with an instant model, three ways
+   alternated: straight through ``Agent.run``, through the app in this process (ASGI, no
+   socket), and over loopback HTTP to a ``cogency serve`` process. The difference of the first
+   two medians is what the service (auth, JSON, the run manager, the conversation hold) adds
+   per request; the third adds the client, the socket and a second process.
+
+The machine has 2 cores shared with other work: absolute figures are noisy; compare figures
+from one run.
+
+    python -m bench.bench_service            # full (about 1 min)
+    python -m bench.bench_service --quick    # a short run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cogency import Agent
+from cogency.server.keys import create_key
+from cogency.storage import open_store
+from cogency.testing import ScriptedLLM
+
+ADMIN_DSN = os.environ.get("COGENCY_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def model() -> ScriptedLLM:
+    """The served model: answers every call after ``$COGENCY_BENCH_DELAY`` seconds."""
+    delay = float(os.environ.get("COGENCY_BENCH_DELAY", "0.05"))
+    return ScriptedLLM(itertools.repeat({"response": "ok"}), delay=delay)
+
+
+class _Server:
+    def __init__(self, db: str, delay: float, workdir: str) -> None:
+        env = {**os.environ, "COGENCY_BENCH_DELAY": str(delay),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.log = open(Path(workdir) / f"server-{uuid.uuid4().hex[:6]}.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cogency.cli", "serve", "--db", db, "--port", "0",
+             "--llm", "bench.bench_service:model", "--max-runs-per-key", "1000"],
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=workdir)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        found = re.search(r"listening on (http://\S+)", line)
+        if not found:
+            raise SystemExit(f"the server did not start: {line!r}")
+        self.url = found.group(1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.log.close()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _keys(db: str, count: int) -> list[str]:
+    store = open_store(db)
+    try:
+        return [(await create_key(store, f"user{n}"))[1] for n in range(count)]
+    finally:
+        await store.close()
+
+
+async def _load(urls: list[str], keys: list[str], seconds: float) -> dict[str, float]:
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=len(keys) + 10)
+
+    async def user(url: str, key: str, client: httpx.AsyncClient) -> None:
+        conversation = None
+        headers = {"Authorization": f"Bearer {key}"}
+        while time.perf_counter() < stop or conversation is None:
+            began = time.perf_counter()
+            body: dict[str, Any] = {"query": "hello"}
+            if conversation:
+                body["conversation_id"] = conversation
+            answer = await client.post(f"{url}/api/runs", json=body, headers=headers)
+            answer.raise_for_status()
+            conversation = answer.json()["conversation_id"]
+            latencies.append(time.perf_counter() - began)
+
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        began = time.perf_counter()
+        await asyncio.gather(*(user(urls[n % len(urls)], key, client)
+                               for n, key in enumerate(keys)))
+        elapsed = time.perf_counter() - began
+    return {"rps": len(latencies) / elapsed, "p50": _percentile(latencies, 0.5) * 1000,
+            "p99": _percentile(latencies, 0.99) * 1000, "n": len(latencies)}
+
+
+async def _warm(urls: list[str], key: str) -> None:
+    async with httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {key}"}) as c:
+        for url in urls:
+            for _ in range(3):
+                (await c.post(f"{url}/api/runs", json={"query": "warm up"})).raise_for_status()
+
+
+async def _admin(sql: str) -> None:
+    import asyncpg
+
+    admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
+    try:
+        await admin.execute(sql)
+    finally:
+        await admin.close()
+
+
+def _pg_url(name: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(ADMIN_DSN)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, "", ""))
+
+
+async def load(users_levels: list[int], seconds: float, workdir: str) -> None:
+    print(f"1. load: a 50 ms model, {seconds:g} s per level; each user its own key and "
+          "conversation, one run after another")
+    print(f"{'configuration':<26}{'users':>6}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'runs':>7}")
+    for label, backend, replicas in (("SQLite, 1 server", "sqlite", 1),
+                                     ("PostgreSQL, 1 replica", "pg", 1),
+                                     ("PostgreSQL, 2 replicas", "pg", 2)):
+        name = f"cogency_bench_{uuid.uuid4().hex[:12]}"
+        if backend == "pg":
+            await _admin(f'CREATE DATABASE "{name}"')
+            db = _pg_url(name)
+        else:
+            db = str(Path(workdir) / f"{name}.db")
+        try:
+            keys = await _keys(db, max(users_levels))
+            servers = [_Server(db, 0.05, workdir) for _ in range(replicas)]
+            try:
+                urls = [server.url for server in servers]
+                await _warm(urls, keys[0])
+                for users in users_levels:
+                    figures = await _load(urls, keys[:users], seconds)
+                    print(f"{label:<26}{users:>6}{figures['rps']:>9.1f}{figures['p50']:>9.1f}"
+                          f"{figures['p99']:>9.1f}{figures['n']:>7}", flush=True)
+            finally:
+                for server in servers:
+                    server.stop()
+        finally:
+            if backend == "pg":
+                await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def overhead(count: int, workdir: str) -> None:
+    print(f"\n2. the server's own cost: an instant model, one client, {count} runs each way, "
+          "alternated (medians)")
+    from cogency.server import create_app
+
+    db, app_db = str(Path(workdir) / "overhead.db"), str(Path(workdir) / "app.db")
+    [key] = await _keys(db, 1)
+    [app_key] = await _keys(app_db, 1)
+    server = _Server(db, 0.0, workdir)
+    headers = {"Authorization": f"Bearer {key}"}
+    timings: dict[str, list[float]] = {"http": [], "asgi": [], "direct": []}
+    cpu: dict[str, list[float]] = {"asgi": [], "direct": []}
+    try:
+        async with Agent(llm=model_instant(), store=str(Path(workdir) / "direct.db")) as direct, \
+                Agent(llm=model_instant(), store=app_db) as served, \
+                httpx.AsyncClient(base_url=server.url, timeout=60, headers=headers) as http, \
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)),
+                                  base_url="http://asgi", timeout=60,
+                                  headers={"Authorization": f"Bearer {app_key}"}) as asgi:
+            conversations: dict[str, str | None] = {"http": None, "asgi": None, "direct": None}
+            for _ in range(count):
+                for way in ("direct", "asgi", "http"):
+                    began, began_cpu = time.perf_counter(), time.process_time()
+                    if way == "direct":
+                        result = await direct.run("hello", user_id="user0",
+                                                  conversation_id=conversations[way])
+                        conversations[way] = result.conversation_id
+                    else:
+                        body: dict[str, Any] = {"query": "hello"}
+                        if conversations[way]:
+                            body["conversation_id"] = conversations[way]
+                        client = http if way == "http" else asgi
+                        answer = await client.post("/api/runs", json=body)
+                        answer.raise_for_status()
+                        conversations[way] = answer.json()["conversation_id"]
+                    timings[way].append(time.perf_counter() - began)
+                    if way in cpu:  # this process's CPU (all its threads): robust to load
+                        cpu[way].append(time.process_time() - began_cpu)
+    finally:
+        server.stop()
+    p50 = {way: statistics.median(values[5:]) * 1000 for way, values in timings.items()}
+    print(f"Agent.run in this process (SQLite):            p50 {p50['direct']:6.2f} ms")
+    print(f"the app in this process (ASGI, no socket):     p50 {p50['asgi']:6.2f} ms")
+    print(f"through HTTP to `cogency serve` (loopback):    p50 {p50['http']:6.2f} ms")
+    cpu50 = {way: statistics.median(values[5:]) * 1000 for way, values in cpu.items()}
+    print(f"the server's own cost (app - Agent.run):       p50 {p50['asgi'] - p50['direct']:6.2f} ms "
+          "(goal: at most 5 ms)")
+    print(f"  in CPU time of this process: Agent.run {cpu50['direct']:.2f} ms, app "
+          f"{cpu50['asgi']:.2f} ms, difference {cpu50['asgi'] - cpu50['direct']:.2f} ms")
+    print(f"a request over loopback HTTP (http - Agent.run): p50 "
+          f"{p50['http'] - p50['direct']:6.2f} ms (client, socket and a second process too)")
+
+
+def model_instant() -> ScriptedLLM:
+    return ScriptedLLM(itertools.repeat({"response": "ok"}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--overhead-only", action="store_true", help="only part 2")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir:
+        if not args.overhead_only:
+            asyncio.run(load([1, 10, 50], 1.0 if args.quick else 4.0, workdir))
+        asyncio.run(overhead(30 if args.quick else 200, workdir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Approvals: tool calls that wait for a person, and how a resumed task settles them.
+
+A call whose tool ``needs_approval`` runs only when the agent's policy allows it: ``True``
+allows every call, a callable decides each one at once, and ``None`` pauses the task. A paused
+task's calls are rows of ``task_approvals`` (see :data:`~cogency.storage.base.APPROVAL_STATUSES`):
+a person decides them (``Agent.resume(approvals=...)`` or ``Store.decide_approvals``) and the
+resumed task runs the approved ones. An approved call is marked ``running`` in the database
+before it starts, so a crash during it never makes it run again.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Union
+
+from ._json import dumps
+from .errors import ApprovalRequiredError, UsageError
+from .events import Action, Event, Result
+from .state.state import State, add_message, await_approval, settle_approval
+from .tools.base import Tool, run_tools
+
+Policy = Union[Literal[True], None, Callable[[dict[str, Any]], Union[Awaitable[bool], bool]]]
+"""``None`` (pause), ``True`` (allow all) or a callable of the call returning a bool."""
+
+DENIED = "denied by the user: this call did not run"
+INTERRUPTED = (
+    "interrupted while it ran (the process stopped): it may or may not have taken effect, and "
+    "it will not run again"
+)
+
+
+def check_policy(approve: Any) -> Policy:
+    """``approve`` as given to ``Agent``, or a :class:`UsageError` saying what it may be."""
+    if approve is None or approve is True or callable(approve):
+        return approve
+    raise UsageError(
+        f"approve must be None (pause for a person), True (allow every call) or a callable "
+        f"of the call returning True or False, not {approve!r}"
+    )
+
+
+async def run_step(
+    tools: dict[str, Tool], calls: Sequence[dict[str, Any]], policy: Policy, state: State
+) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+    """Run the calls of one step that may run: a result per call, ``None`` for each call
+    that waits for a person (also returned, with their ids, and stored by the next save)."""
+    allowed: list[bool | None] = []
+    for call in calls:
+        tool = tools.get(call["name"])
+        if policy is True or tool is None or not await tool.requires_approval(call.get("args") or {}):
+            allowed.append(True)
+        elif policy is None:
+            allowed.append(None)
+        else:
+            allowed.append(await _ask(policy, {**call, "task_id": state.task_id,
+                                               "user_id": state.user_id}))
+    ran = iter(await run_tools(tools, [c for c, ok in zip(calls, allowed) if ok]))
+    results: list[dict[str, Any] | None] = []
+    waiting = []
+    for call, ok in zip(calls, allowed):
+        if ok is None:
+            waiting.append(await_approval(state, call))
+            results.append(None)
+        else:
+            results.append(next(ran) if ok else _refused(call, DENIED, denied=True))
+    return results, waiting
+
+
+async def settle_decided(
+    state: State,
+    tools: dict[str, Tool],
+    decisions: Mapping[str, bool] | None,
+    policy: Policy,
+    emit: Callable[[Event], None],
+) -> bool:
+    """At resume: record ``decisions``, have the policy decide what is left (or refuse when it
+    is ``None``), run the approved calls and add every decided call's result. Returns whether
+    any result was added (the caller saves them)."""
+    store, task, user = state.store, state.task_id, state.user_id
+    assert store is not None
+    decisions = dict(decisions or {})
+    calls = [c for c in await store.load_approvals(task, user) if c["status"] != "done"]
+    missing = sorted({c["name"] for c in calls if c["name"] not in tools and c["status"] in
+                      ("pending", "approved") and decisions.get(c["id"]) is not False})
+    if missing:
+        raise UsageError(
+            f"task {task!r} waits to run {', '.join(missing)}, which this agent does not have; "
+            "resume it with the same tools it was started with"
+        )
+    if set(decisions) - {c["id"] for c in calls if c["status"] == "pending"}:
+        await store.decide_approvals(task, user, decisions)  # refuses the unknown or decided id
+    undecided = [c for c in calls if c["status"] == "pending" and c["id"] not in decisions]
+    if undecided and policy is None:
+        shown = ", ".join(f"{c['id']} ({c['name']})" for c in undecided)
+        raise ApprovalRequiredError(
+            f"task {task!r} waits for a decision on {shown}: pass approvals={{call_id: True "
+            f"or False}} to resume (or `cogency approve {task}`)",
+            [_public(c) for c in undecided],
+        )
+    if decisions:  # all or none; an unknown id or a second decision is refused here
+        await store.decide_approvals(task, user, decisions)
+    for call in undecided:  # one at a time: a person answers each in turn
+        verdict = await _ask(policy, {**_public(call), "user_id": user})
+        await store.decide_approvals(task, user, {call["id"]: verdict})
+    if not calls:
+        return False
+    calls = [c for c in await store.load_approvals(task, user) if c["status"] != "done"]
+    approved = [c for c in calls if c["status"] == "approved"]
+    if approved:  # marked before they start: a crash from here on never runs them again
+        await store.start_approvals(task, user, [c["id"] for c in approved])
+    for call in calls:
+        emit(Action(task, 0, call["name"], call["args"]))
+    ran = iter(await run_tools(tools, approved))
+    for call in calls:
+        if call["status"] == "approved":
+            result = {**next(ran), "id": call["id"]}
+        elif call["status"] == "denied":
+            result = _refused(call, DENIED, denied=True)
+        else:  # running: it started before the process stopped
+            result = _refused(call, INTERRUPTED, interrupted=True)
+        add_message(state, "tool", dumps(result))
+        settle_approval(state, call["id"])
+        emit(Result(task, 0, call["name"], result["ok"],
+                    result.get("output", result.get("error", ""))))
+    return True
+
+
+async def _ask(policy: Policy, call: dict[str, Any]) -> bool:
+    if policy is None or policy is True:
+        return policy is True
+    verdict = policy(call)
+    if inspect.isawaitable(verdict):
+        verdict = await verdict
+    if not isinstance(verdict, bool):
+        raise UsageError(f"the approve callable must return True or False, not {verdict!r}")
+    return verdict
+
+
+def _refused(call: dict[str, Any], error: str, **flag: bool) -> dict[str, Any]:
+    named = {"id": call["id"]} if "id" in call else {}
+    return {"name": call["name"], "args": call.get("args") or {}, **named, "ok": False,
+            "error": error, **flag}
+
+
+def _public(call: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call["id"], "task_id": call.get("task_id"), "name": call["name"],
+            "args": call["args"]}

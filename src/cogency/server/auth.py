@@ -1,0 +1,75 @@
+"""The one place a request becomes a user: its key is checked, and everything it may do is
+bound to the key's user in a :class:`Caller`. Routes get a ``Caller`` and nothing else, so no
+route can read or write another user's rows (theirs look "not found")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..memory.profile import Profile
+from ..storage.base import ConversationRecord, Store, TaskRecord
+from .errors import Unauthorized
+from .keys import authenticate
+from .runs import Run, Runs
+
+_bearer = HTTPBearer(auto_error=False, description="A key from `cogency keys create`.")
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What one request may do: the key's user's data, and runs as that user."""
+
+    user_id: str
+    key_id: str
+    _store: Store
+    _runs: Runs
+
+    async def conversations(self) -> list[ConversationRecord]:
+        return await self._store.list_conversations(self.user_id)
+
+    async def conversation(self, conversation_id: str) -> ConversationRecord:
+        return await self._store.load_conversation(conversation_id, self.user_id)
+
+    async def messages(self, conversation_id: str, limit: int) -> list[dict[str, Any]]:
+        return await self._store.load_messages(conversation_id, self.user_id, limit=limit)
+
+    async def tasks(self) -> list[TaskRecord]:
+        return await self._store.list_tasks(self.user_id)
+
+    async def task(self, task_id: str) -> TaskRecord:
+        return await self._store.load_task(task_id, self.user_id)
+
+    async def profile(self) -> Profile | None:
+        return await self._store.load_profile(self.user_id)
+
+    async def forget(self) -> None:
+        await self._store.forget_user(self.user_id)
+
+    async def run(self, query: str, conversation_id: str | None) -> Run:
+        return await self._runs.start(
+            self.user_id, self.key_id, query=query, conversation_id=conversation_id
+        )
+
+    async def resume(self, task_id: str) -> Run:
+        return await self._runs.start(self.user_id, self.key_id, task_id=task_id)
+
+
+async def caller(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+) -> Caller:
+    """The request's :class:`Caller`; 401 without a live key (``Authorization: Bearer KEY``)."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("send an API key as `Authorization: Bearer KEY` "
+                           "(`cogency keys create --user USER` makes one)", _CHALLENGE)
+    state = request.app.state
+    record = await authenticate(state.store, credentials.credentials)
+    if record is None:
+        raise Unauthorized("this API key is not valid (unknown, mistyped or revoked)",
+                           _CHALLENGE)
+    return Caller(record.user_id, record.key_id, state.store, state.runs)

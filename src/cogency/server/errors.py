@@ -1,0 +1,148 @@
+"""Every error the service answers with, mapped to an HTTP status in one place.
+
+The body is always ``{"error": {"type": …, "message": …}}``; the package's own errors keep
+their message, anything else is a 500 whose details stay in the server's log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import (
+    CogencyError,
+    ConflictError,
+    LLMError,
+    NotFoundError,
+    StorageError,
+    StoreUnavailableError,
+    ToolError,
+    UsageError,
+)
+
+log = logging.getLogger("cogency.server")
+
+
+class ServiceError(CogencyError):
+    """An error of the HTTP layer itself, with its status."""
+
+    status = 400
+    kind = "invalid_request"
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.headers = headers
+
+
+class Unsupported(ServiceError):
+    """A request field Cogency cannot honour (never silently ignored)."""
+
+    kind = "unsupported_parameter"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Unauthorized(ServiceError):
+    status, kind = 401, "unauthorized"
+
+
+class TooManyRuns(ServiceError):
+    status, kind = 429, "too_many_runs"
+
+
+class ShuttingDown(ServiceError):
+    status, kind = 503, "unavailable"
+
+
+class RequestTooLarge(ServiceError):
+    status, kind = 413, "too_large"
+
+
+# Most specific first: the first class that matches decides.
+_STATUS: tuple[tuple[type[CogencyError], int, str], ...] = (
+    (NotFoundError, 404, "not_found"),
+    (ConflictError, 409, "conflict"),
+    (UsageError, 400, "invalid_request"),
+    (ToolError, 400, "invalid_request"),
+    (StoreUnavailableError, 503, "unavailable"),
+    (StorageError, 500, "storage_error"),
+    (LLMError, 502, "model_error"),
+)
+
+
+def status_of(exc: CogencyError) -> tuple[int, str]:
+    """The HTTP status and error type for one of the package's errors."""
+    if isinstance(exc, ServiceError):
+        return exc.status, exc.kind
+    for kind, status, name in _STATUS:
+        if isinstance(exc, kind):
+            return status, name
+    return 500, "error"
+
+
+def error_body(kind: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message, **extra}}
+
+
+def _openai_body(status: int, kind: str, message: str, param: str | None) -> dict[str, Any]:
+    """OpenAI's error shape, for the ``/v1`` routes that its clients call."""
+    family = ("authentication_error" if status == 401 else "rate_limit_error" if status == 429
+              else "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": family, "param": param, "code": kind}}
+
+
+def respond(request: Request, status: int, kind: str, message: str, *,
+            param: str | None = None, headers: dict[str, str] | None = None,
+            **extra: Any) -> JSONResponse:
+    """The error response: OpenAI's shape under ``/v1``, the service's own elsewhere."""
+    if request.url.path.startswith("/v1/"):
+        return JSONResponse(_openai_body(status, kind, message, param), status, headers=headers)
+    if param is not None:
+        extra["param"] = param
+    return JSONResponse(error_body(kind, message, **extra), status, headers=headers)
+
+
+def install(app: Any) -> None:
+    """Register the handlers that turn every error into a JSON body."""
+
+    @app.exception_handler(CogencyError)
+    async def cogency_error(request: Request, exc: CogencyError) -> JSONResponse:
+        status, kind = status_of(exc)
+        if status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
+        headers = exc.headers if isinstance(exc, ServiceError) else None
+        return respond(request, status, kind, str(exc), headers=headers,
+                       param=getattr(exc, "param", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {"where": ".".join(str(part) for part in error.get("loc", ())),
+             "problem": str(error.get("msg", ""))}
+            for error in exc.errors()
+        ]
+        first = problems[0] if problems else {"where": "body", "problem": "invalid"}
+        message = f"{first['where']}: {first['problem']}"
+        if request.url.path.startswith("/v1/"):  # OpenAI answers 400 to a malformed request
+            return respond(request, 400, "invalid_request", message,
+                           param=first["where"].removeprefix("body."))
+        return respond(request, 422, "invalid_request", message, details=problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return respond(request, exc.status_code, kind, str(exc.detail),
+                       headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s: unexpected %s", request.method, request.url.path,
+                  type(exc).__name__, exc_info=exc)
+        return respond(request, 500, "internal", "internal server error")

@@ -1,0 +1,383 @@
+"""OpenAI-compatible endpoints: ``/v1/chat/completions``, ``/v1/responses``, ``/v1/models``.
+
+The key from ``cogency keys create`` is the client's ``api_key``; the user is the key's user.
+Which Cogency conversation a request continues:
+
+- ``/v1/responses``: ``previous_response_id`` continues the conversation of that response
+  (its id carries the conversation's id, so this survives restarts and works on any replica);
+- either endpoint: ``metadata: {"conversation_id": ID}`` continues that conversation;
+- otherwise a new conversation, whose id the reply carries (``conversation_id`` at the top
+  level and in ``metadata``, and the ``X-Cogency-Conversation-Id`` header).
+
+Cogency keeps each conversation's history itself: the query is the last user message, and
+earlier messages a client resends are not sent to the model again (a request that carries
+earlier turns without naming a conversation gets a 400 saying so). Fields Cogency cannot
+honour (``tools``, ``n`` > 1, ``temperature``, system instructions, …) get a 400 in OpenAI's
+error shape naming the field, never silent ignoring.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import CogencyError, NotFoundError
+from .auth import Caller, caller
+from .errors import ServiceError, Unsupported, status_of
+from .runs import Run
+from .sse import HEADERS
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(caller)], tags=["openai"])
+
+MODEL = "cogency"
+"""The id ``/v1/models`` lists: the served agent (whatever model it reasons with)."""
+_HEADER = "X-Cogency-Conversation-Id"
+
+
+class ModelNotFound(ServiceError):
+    status, kind = 404, "model_not_found"
+
+
+class RunFailed(ServiceError):
+    status, kind = 502, "run_failed"
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    n: int | None = None
+    store: bool | None = None
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[dict[str, Any]]
+    previous_response_id: str | None = None
+    stream: bool | None = False
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    instructions: str | None = None
+    tools: list[Any] | None = None
+
+
+@router.get("/models", summary="The served agent, as a model")
+async def list_models() -> dict[str, Any]:
+    return {"object": "list",
+            "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "cogency"}]}
+
+
+@router.post("/chat/completions", summary="Chat Completions (OpenAI-compatible)")
+async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> Any:
+    _check(body, "chat.completions")
+    if body.n not in (None, 1):
+        raise Unsupported("n must be 1: the agent gives one answer per run", "n")
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
+    conversation = (body.metadata or {}).get("conversation_id")
+    query = _query(body.messages, conversation is not None, "messages")
+    run = await me.run(query, conversation)
+    created = int(time.time())
+    if body.stream:
+        return _streaming(run, _chat_chunks(run, created, include_usage))
+    result = await _finished(run)
+    completion = {
+        "id": f"chatcmpl-{result['task_id']}",
+        "object": "chat.completion",
+        "created": created,
+        "model": MODEL,
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                     "message": {"role": "assistant", "content": result["response"],
+                                 "refusal": None}}],
+        "usage": _chat_usage(result),
+        "conversation_id": result["conversation_id"],
+        "system_fingerprint": None,
+    }
+    return _with_header(completion, result["conversation_id"])
+
+
+@router.post("/responses", summary="Responses (OpenAI-compatible)")
+async def responses(body: ResponsesRequest, me: Caller = Depends(caller)) -> Any:
+    _check(body, "responses")
+    if body.instructions is not None:
+        raise Unsupported("instructions are not supported: the agent has its own",
+                          "instructions")
+    if body.tools:
+        raise Unsupported("tools cannot be supplied by the client: the agent has its own",
+                          "tools")
+    conversation = (body.metadata or {}).get("conversation_id")
+    if body.previous_response_id is not None:
+        conversation = _conversation_of(body.previous_response_id)
+    items = ([{"role": "user", "content": body.input}] if isinstance(body.input, str)
+             else body.input)
+    query = _query(items, conversation is not None, "input")
+    run = await me.run(query, conversation)
+    created = int(time.time())
+    if body.stream:
+        return _streaming(run, _response_events(run, created, body))
+    result = await _finished(run)
+    return _with_header(_response_object(result, created, body, "completed"),
+                        result["conversation_id"])
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+
+def _check(body: ChatRequest | ResponsesRequest, endpoint: str) -> None:
+    if body.model != MODEL:
+        raise ModelNotFound(f"the model {body.model[:80]!r} is not served here; "
+                            f"use {MODEL!r} (GET /v1/models)")
+    if body.store is False:
+        raise Unsupported("store=false is not supported: Cogency keeps every conversation "
+                          "(DELETE /api/profile forgets it)", "store")
+    extra = sorted(name for name, value in (body.model_extra or {}).items()
+                   if value is not None)
+    if extra:
+        raise Unsupported(
+            f"{extra[0]!r} is not supported by {endpoint} on Cogency: the agent decides its "
+            f"own model settings, tools and instructions; remove the field", extra[0]
+        )
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in (
+                    "text", "input_text", "output_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise Unsupported(f"content parts of type {kind!r} are not supported: "
+                                  "send text", where)
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise Unsupported("message content must be text or a list of text parts", where)
+
+
+def _query(items: list[dict[str, Any]], continuing: bool, where: str) -> str:
+    """The last user message, after checking the rest of ``items`` can be honoured."""
+    for item in items:
+        role = item.get("role")
+        if item.get("type", "message") != "message" or role not in ("user", "assistant"):
+            what = role or item.get("type")
+            raise Unsupported(
+                f"{where} items of role/type {what!r} are not supported: send user and "
+                "assistant messages (the agent has its own instructions and tools)", where)
+    if items[-1].get("role") != "user":
+        raise Unsupported(f"the last of {where} must be a user message: it is the query", where)
+    if len(items) > 1 and not continuing:
+        raise Unsupported(
+            f"{where} holds earlier turns but names no conversation: Cogency keeps the history "
+            "itself; continue with metadata.conversation_id (or previous_response_id), or "
+            "send only the new user message", where)
+    query = _text(items[-1].get("content"), where)
+    if not query.strip():
+        raise Unsupported("the last user message is empty", where)
+    return query
+
+
+def _response_id(conversation_id: str, task_id: str) -> str:
+    token = base64.urlsafe_b64encode(conversation_id.encode()).decode().rstrip("=")
+    return f"resp_{token}.{task_id.replace('-', '')}"
+
+
+def _conversation_of(response_id: str) -> str:
+    """The conversation a response id names (a forged one names one the key's user must own:
+    the run is refused as not found otherwise)."""
+    try:
+        token = response_id.removeprefix("resp_").rsplit(".", 1)[0]
+        conversation = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        if not response_id.startswith("resp_") or not conversation:
+            raise ValueError(response_id)
+        return conversation
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise NotFoundError(f"no response {response_id[:80]!r}") from exc
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+
+async def _finished(run: Run) -> dict[str, Any]:
+    assert run.task is not None
+    await run.task
+    if run.failure is not None:
+        raise run.failure
+    result = run.summary()
+    if result["response"] is None:
+        raise RunFailed(_no_answer(result))
+    return result
+
+
+def _no_answer(result: dict[str, Any]) -> str:
+    return (f"the run stopped ({result['stop_reason']}) without an answer"
+            + (f": {result['error']}" if result.get("error") else "")
+            + f"; task {result['task_id']} can be resumed (POST /api/tasks/ID/resume)")
+
+
+def _chat_usage(result: dict[str, Any]) -> dict[str, int]:
+    usage = result["usage"]
+    return {"prompt_tokens": usage["input_tokens"], "completion_tokens": usage["output_tokens"],
+            "total_tokens": usage["input_tokens"] + usage["output_tokens"]}
+
+
+def _with_header(payload: dict[str, Any], conversation_id: str) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(payload, headers={_HEADER: conversation_id})
+
+
+def _streaming(run: Run, records: AsyncIterator[str]) -> StreamingResponse:
+    async def encoded() -> AsyncIterator[bytes]:
+        async for record in records:
+            yield record.encode()
+
+    return StreamingResponse(encoded(), media_type="text/event-stream",
+                             headers={**HEADERS, _HEADER: run.conversation_id})
+
+
+def _data(payload: Any, event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _failure(run: Run, event: dict[str, Any] | None) -> dict[str, Any]:
+    """OpenAI's error object for a run that ended without an answer."""
+    if run.failure is not None:
+        status, kind = (status_of(run.failure) if isinstance(run.failure, CogencyError)
+                        else (500, "internal"))
+        message = event["message"] if event else "internal server error"
+    else:
+        status, kind = 502, "run_failed"
+        message = _no_answer(run.summary())
+    return {"message": message, "type": "server_error" if status >= 500 else
+            "invalid_request_error", "param": None, "code": kind}
+
+
+async def _chat_chunks(run: Run, created: int, include_usage: bool) -> AsyncIterator[str]:
+    base = {"id": "", "object": "chat.completion.chunk", "created": created, "model": MODEL,
+            "system_fingerprint": None, "conversation_id": run.conversation_id}
+    answered = False
+    fatal = None
+    async for event in run.follow():
+        if event is None:
+            yield ": keep-alive\n\n"
+            continue
+        base["id"] = f"chatcmpl-{event['task_id']}"
+        if event["type"] == "start":
+            yield _data({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                    "content": ""},
+                                              "finish_reason": None, "logprobs": None}]})
+        elif event["type"] == "response":
+            answered = True
+            yield _data({**base, "choices": [{"index": 0, "delta": {"content": event["text"]},
+                                              "finish_reason": None, "logprobs": None}]})
+        elif event["type"] == "error" and event.get("fatal"):
+            fatal = event
+    if not answered or run.failure is not None:
+        yield _data({"error": _failure(run, fatal)})
+    else:
+        yield _data({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
+                                          "logprobs": None}]})
+        if include_usage:
+            yield _data({**base, "choices": [], "usage": _chat_usage(run.summary())})
+    yield "data: [DONE]\n\n"
+
+
+def _response_object(result: dict[str, Any], created: int, body: ResponsesRequest,
+                     status: str, text: str | None = None) -> dict[str, Any]:
+    conversation = result["conversation_id"]
+    answer = result.get("response") if text is None else text
+    output = [] if answer is None else [{
+        "type": "message", "id": f"msg_{result['task_id'].replace('-', '')}",
+        "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": answer, "annotations": []}],
+    }]
+    usage = result.get("usage")
+    return {
+        "id": _response_id(conversation, result["task_id"]),
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "model": MODEL,
+        "output": output,
+        "previous_response_id": body.previous_response_id,
+        "metadata": {**(body.metadata or {}), "conversation_id": conversation},
+        "conversation_id": conversation,
+        "usage": None if not usage else {
+            "input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"],
+            "total_tokens": usage["input_tokens"] + usage["output_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+        "error": None, "incomplete_details": None, "instructions": None,
+        "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
+        "temperature": None, "top_p": None, "truncation": "disabled",
+        "text": {"format": {"type": "text"}},
+    }
+
+
+async def _response_events(run: Run, created: int, body: ResponsesRequest) -> AsyncIterator[str]:
+    number = 0
+
+    def emit(kind: str, **fields: Any) -> str:
+        nonlocal number
+        number += 1
+        return _data({"type": kind, "sequence_number": number - 1, **fields}, kind)
+
+    partial: dict[str, Any] = {"conversation_id": run.conversation_id, "task_id": "",
+                               "response": None, "usage": None}
+    answered = False
+    fatal = None
+    async for event in run.follow():
+        if event is None:
+            yield ": keep-alive\n\n"
+            continue
+        partial["task_id"] = event["task_id"]
+        if event["type"] == "start":
+            shell = _response_object(partial, created, body, "in_progress")
+            yield emit("response.created", response=shell)
+            yield emit("response.in_progress", response=shell)
+        elif event["type"] == "response":
+            answered = True
+            item_id = f"msg_{event['task_id'].replace('-', '')}"
+            text = event["text"]
+            item = {"type": "message", "id": item_id, "status": "in_progress",
+                    "role": "assistant", "content": []}
+            yield emit("response.output_item.added", output_index=0, item=item)
+            part = {"type": "output_text", "text": "", "annotations": []}
+            yield emit("response.content_part.added", item_id=item_id, output_index=0,
+                       content_index=0, part=part)
+            yield emit("response.output_text.delta", item_id=item_id, output_index=0,
+                       content_index=0, delta=text, logprobs=[])
+            yield emit("response.output_text.done", item_id=item_id, output_index=0,
+                       content_index=0, text=text, logprobs=[])
+            done_part = {**part, "text": text}
+            yield emit("response.content_part.done", item_id=item_id, output_index=0,
+                       content_index=0, part=done_part)
+            yield emit("response.output_item.done", output_index=0,
+                       item={**item, "status": "completed", "content": [done_part]})
+        elif event["type"] == "error" and event.get("fatal"):
+            fatal = event
+    if answered and run.failure is None:
+        yield emit("response.completed",
+                   response=_response_object(run.summary(), created, body, "completed"))
+    else:
+        error = _failure(run, fatal)
+        failed = _response_object({**partial, **(run.summary() if run.result else {})},
+                                  created, body, "failed")
+        failed["error"] = {"code": error["code"], "message": error["message"]}
+        yield emit("response.failed", response=failed)

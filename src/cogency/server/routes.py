@@ -1,0 +1,170 @@
+"""The native API: runs (live over SSE, or waited for), tasks, conversations, the profile.
+
+Every route here sits behind :func:`.auth.caller`; what it reads and writes is the key's
+user's, through the :class:`~.auth.Caller` it is given.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from . import sse
+from .auth import Caller, caller
+from .runs import Run
+
+router = APIRouter(prefix="/api", dependencies=[Depends(caller)])
+
+_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The result (JSON), or with `stream: true` the run's events as "
+                       "Server-Sent Events: `start`, `reason`, `action`, `result`, `response`, "
+                       "`error`, `end` (+ `token`), each `data:` one event's JSON.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+}
+
+
+class RunRequest(BaseModel):
+    query: str = Field(min_length=1, description="What to ask the agent.")
+    conversation_id: str | None = Field(
+        None, description="Continue this conversation (yours); a new one when absent."
+    )
+    stream: bool = Field(False, description="Answer with the run's events as SSE.")
+
+
+class ResumeRequest(BaseModel):
+    stream: bool = False
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    calls: int
+
+
+class RunResult(BaseModel):
+    task_id: str
+    conversation_id: str
+    response: str | None
+    stop_reason: str = Field(description="completed, security, max_iterations, no_progress, "
+                                         "invalid_response, error, cancelled, …")
+    iterations: int
+    usage: Usage
+    error: str | None
+
+
+class TaskOut(BaseModel):
+    task_id: str
+    conversation_id: str
+    query: str
+    workspace: dict[str, Any]
+    updated_at: datetime | None
+
+
+class ConversationOut(BaseModel):
+    conversation_id: str
+    messages: int
+    updated_at: datetime | None
+
+
+class MessageOut(BaseModel):
+    seq: int
+    role: str
+    content: str
+    task_id: str | None
+    created_at: str | None
+
+
+class ProfileOut(BaseModel):
+    user_id: str
+    profile: dict[str, Any] | None = Field(description="What is known of you; null if nothing.")
+
+
+class Forgotten(BaseModel):
+    user_id: str
+    forgotten: bool = True
+
+
+async def _answer(run: Run, stream: bool) -> RunResult | StreamingResponse:
+    if stream:
+        return sse.response(run)
+    assert run.task is not None
+    await run.task
+    if run.failure is not None:
+        raise run.failure
+    return RunResult.model_validate(run.summary())
+
+
+@router.post("/runs", response_model=RunResult, responses=_STREAM, summary="Start a run")
+async def start_run(
+    body: RunRequest, me: Caller = Depends(caller)
+) -> RunResult | StreamingResponse:
+    """Run the agent on `query`; wait for its result, or follow it live with `stream: true`.
+
+    One run at a time per conversation: while one is in flight, another gets 409."""
+    return await _answer(await me.run(body.query, body.conversation_id), body.stream)
+
+
+@router.post("/tasks/{task_id}/resume", response_model=RunResult, responses=_STREAM,
+             summary="Resume an unfinished task")
+async def resume_task(
+    task_id: str, body: ResumeRequest | None = None, me: Caller = Depends(caller)
+) -> RunResult | StreamingResponse:
+    return await _answer(await me.resume(task_id), bool(body and body.stream))
+
+
+@router.get("/tasks", response_model=list[TaskOut], summary="Your unfinished tasks")
+async def list_tasks(me: Caller = Depends(caller)) -> list[TaskOut]:
+    return [_task(task) for task in await me.tasks()]
+
+
+@router.get("/tasks/{task_id}", response_model=TaskOut, summary="One unfinished task")
+async def get_task(task_id: str, me: Caller = Depends(caller)) -> TaskOut:
+    return _task(await me.task(task_id))
+
+
+@router.get("/conversations", response_model=list[ConversationOut],
+            summary="Your conversations, newest first")
+async def list_conversations(me: Caller = Depends(caller)) -> list[ConversationOut]:
+    return [
+        ConversationOut(conversation_id=item.conversation_id, messages=item.message_count,
+                        updated_at=item.updated_at)
+        for item in await me.conversations()
+    ]
+
+
+@router.get("/conversations/{conversation_id}/messages", response_model=list[MessageOut],
+            summary="A conversation's newest messages, oldest first")
+async def list_messages(
+    conversation_id: str,
+    limit: int = Query(100, ge=1, le=1000),
+    me: Caller = Depends(caller),
+) -> list[MessageOut]:
+    return [
+        MessageOut(seq=m["seq"], role=m["role"], content=m["content"],
+                   task_id=m.get("task_id"), created_at=m.get("created_at"))
+        for m in await me.messages(conversation_id, limit)
+    ]
+
+
+@router.get("/profile", response_model=ProfileOut, summary="What is known of you")
+async def show_profile(me: Caller = Depends(caller)) -> ProfileOut:
+    profile = await me.profile()
+    return ProfileOut(user_id=me.user_id, profile=None if profile is None else profile.to_dict())
+
+
+@router.delete("/profile", response_model=Forgotten,
+               summary="Forget you: profile, conversations, messages and tasks")
+async def forget_profile(me: Caller = Depends(caller)) -> Forgotten:
+    await me.forget()
+    return Forgotten(user_id=me.user_id)
+
+
+def _task(task: Any) -> TaskOut:
+    return TaskOut(task_id=task.task_id, conversation_id=task.conversation_id, query=task.query,
+                   workspace=task.workspace, updated_at=task.updated_at)

@@ -1,0 +1,211 @@
+"""Runs in flight on this replica: started by one request, followed by it (or waited for).
+
+A run is ``Agent.stream``/``Agent.resume_stream`` driven by its own asyncio task, so a client
+that goes away does not stop it: it ends as it would have, and its answer is in the
+conversation. The store decides who may run a conversation (``hold_conversation``), so the
+one-run-per-conversation rule holds across replicas; the per-key limit is per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+from ..agent import Agent, AgentResult
+from ..errors import CogencyError
+from ..storage.base import new_runner
+from .errors import RequestTooLarge, ShuttingDown, TooManyRuns, status_of
+
+log = logging.getLogger("cogency.server")
+
+
+class Run:
+    """One run: the events so far (as ``event.to_dict()``), then its result or failure."""
+
+    def __init__(self, user_id: str, key_id: str, conversation_id: str) -> None:
+        self.user_id = user_id
+        self.key_id = key_id
+        self.conversation_id = conversation_id
+        self.task_id: str | None = None
+        self.events: list[dict[str, Any]] = []
+        self.result: AgentResult | None = None
+        self.failure: BaseException | None = None
+        self.done = False
+        self._changed = asyncio.Condition()
+        self.task: asyncio.Task[None] | None = None
+
+    async def publish(self, event: dict[str, Any] | None) -> None:
+        """Add an event for the followers (``None`` only wakes them: the run is done)."""
+        async with self._changed:
+            if event is not None:
+                self.events.append(event)
+            self._changed.notify_all()
+
+    async def started(self) -> None:
+        """Wait for the first event; a run that failed before it raises its error."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self.events) or self.done)
+        if not self.events and self.failure is not None:
+            raise self.failure
+
+    async def follow(self, heartbeat: float = 15.0) -> AsyncIterator[dict[str, Any] | None]:
+        """Every event from the first, live; ``None`` when nothing happened for ``heartbeat``
+        seconds (a keep-alive). A run that fails midway ends with a fatal ``error`` event."""
+        seen = 0
+        while True:
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: len(self.events) > seen or self.done),
+                        heartbeat,
+                    )
+                except asyncio.TimeoutError:
+                    pass
+                fresh = self.events[seen:]
+                finished = self.done  # set after the last event: `fresh` holds the rest
+            if not fresh and not finished:
+                yield None
+                continue
+            for event in fresh:
+                yield event
+            seen += len(fresh)
+            if finished:
+                if self.failure is not None:  # it raised: no `end` event came
+                    if isinstance(self.failure, CogencyError):
+                        status, message = status_of(self.failure)[0], str(self.failure)
+                    else:
+                        status, message = 500, "internal server error"
+                    yield {"type": "error", "task_id": self.task_id or "", "message": message,
+                           "fatal": True, "status": status}
+                return
+
+    def summary(self) -> dict[str, Any]:
+        """The result as the API returns it."""
+        assert self.result is not None
+        result = self.result
+        return {
+            "task_id": result.task_id,
+            "conversation_id": result.conversation_id,
+            "response": result.response,
+            "stop_reason": result.stop_reason,
+            "iterations": result.iterations,
+            "usage": asdict(result.usage),
+            "error": result.error,
+        }
+
+
+class Runs:
+    """Starts runs, enforces the limits, and finishes or saves them on shutdown."""
+
+    def __init__(self, agent: Agent, *, max_per_key: int = 4, max_query: int = 32_000) -> None:
+        self.agent = agent
+        self.max_per_key = max_per_key
+        self.max_query = max_query
+        self._per_key: Counter[str] = Counter()
+        self._live: set[Run] = set()
+        self._closing = False
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    async def start(
+        self,
+        user_id: str,
+        key_id: str,
+        *,
+        query: str | None = None,
+        conversation_id: str | None = None,
+        task_id: str | None = None,
+    ) -> Run:
+        """Start a new run (``query``) or resume ``task_id``; returns once it has begun.
+
+        Errors before the run begins (a bad id, another user's conversation or task, a
+        conversation with a run in flight, too many runs) are raised here.
+        """
+        if self._closing:
+            raise ShuttingDown("the server is shutting down; retry on another replica")
+        if query is not None and len(query) > self.max_query:
+            raise RequestTooLarge(
+                f"the query has {len(query)} characters; this server takes at most "
+                f"{self.max_query}"
+            )
+        if self._per_key[key_id] >= self.max_per_key:
+            raise TooManyRuns(
+                f"this key has {self._per_key[key_id]} runs in flight, the most this server "
+                "allows; wait for one to end"
+            )
+        store = self.agent.store
+        if task_id is not None:
+            events = self.agent.resume_stream(task_id, user_id)  # checks the ids first
+            conversation_id = (await store.load_task(task_id, user_id)).conversation_id
+        else:
+            # The id is chosen here, so that even a new conversation is held from the start.
+            conversation_id = conversation_id or str(uuid.uuid4())
+            assert query is not None
+            events = self.agent.stream(query, user_id, conversation_id)
+        runner = new_runner()
+        self._per_key[key_id] += 1
+        try:
+            await store.hold_conversation(conversation_id, user_id, runner)
+        except BaseException:
+            self._release_slot(key_id)
+            raise
+        run = Run(user_id, key_id, conversation_id)
+        self._live.add(run)
+        run.task = asyncio.create_task(self._drive(run, events, runner))
+        await run.started()
+        return run
+
+    async def _drive(self, run: Run, events: Any, runner: str) -> None:
+        try:
+            async for event in events:
+                run.task_id = run.task_id or event.task_id
+                await run.publish(event.to_dict())
+            run.result = events.result
+        except asyncio.CancelledError:
+            run.failure = ShuttingDown(
+                "the server shut down during this run; its task was saved: resume it"
+            )
+            raise
+        except BaseException as exc:  # the run's error belongs to its followers
+            run.failure = exc
+            if not isinstance(exc, CogencyError):
+                log.error("a run failed: %s", type(exc).__name__, exc_info=exc)
+        finally:
+            try:
+                await asyncio.shield(
+                    self.agent.store.release_conversation(run.conversation_id, runner)
+                )
+            except Exception as exc:  # noqa: BLE001 - the hold dies with this process anyway
+                log.warning("could not release a conversation: %s", type(exc).__name__)
+            self._live.discard(run)
+            self._release_slot(run.key_id)
+            run.done = True
+            await run.publish(None)
+
+    def _release_slot(self, key_id: str) -> None:
+        self._per_key[key_id] -= 1
+        if self._per_key[key_id] <= 0:
+            del self._per_key[key_id]
+
+    async def shutdown(self, grace: float) -> None:
+        """Let runs in flight finish for ``grace`` seconds, then cancel the rest (each saves
+        its task, which stays resumable). No new run starts meanwhile."""
+        self._closing = True
+        tasks = [run.task for run in self._live if run.task is not None]
+        if not tasks:
+            return
+        log.info("waiting up to %gs for %d runs in flight", grace, len(tasks))
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.info("saved %d unfinished runs; their tasks can be resumed", len(pending))
+            with contextlib.suppress(Exception):
+                await asyncio.wait(pending, timeout=30)

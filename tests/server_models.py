@@ -1,0 +1,62 @@
+"""Models the service tests name with ``--llm server_models:agent`` (tests/ is on PYTHONPATH).
+
+An endless script whose reply depends on the query, so many users can talk to one server:
+
+- ``gate:PATH …`` waits until the file PATH exists, then answers (a run held in flight);
+- ``nudge:PATH …`` makes no progress (an unfinished task) until the file PATH exists;
+- ``tool …`` lists the files (``--tools files``) and then answers; with
+  ``$COGENCY_TEST_HANG_AFTER_TOOL`` set, it never answers after the tool (a replica to kill);
+- ``write NAME`` writes the file NAME (a call that needs a person's approval), then says
+  what the tool answered;
+- ``recall`` is answered with the first user message the model was sent (the history);
+- anything else is answered ``echo: QUERY``.
+
+``$COGENCY_TEST_DELAY`` seconds are spent on every call (the benchmark's model latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from pathlib import Path
+
+from cogency.testing import ScriptedLLM
+
+
+async def _reply(messages):
+    delay = float(os.environ.get("COGENCY_TEST_DELAY", "0"))
+    if delay:
+        await asyncio.sleep(delay)
+    last = messages[-1]["content"]
+    after_tool = last.startswith("TOOL RESULT")
+    query = next(m["content"] for m in reversed(messages)
+                 if m["role"] == "user" and not m["content"].startswith("TOOL RESULT"))
+    if query.startswith("gate:"):
+        gate = Path(query.split()[0][len("gate:"):])
+        while not gate.exists():
+            await asyncio.sleep(0.02)
+        return {"response": f"opened: {query}"}
+    if query.startswith("write "):
+        if not after_tool:
+            return {"actions": [{"name": "file_write",
+                                 "args": {"path": query.split()[1], "content": "written"}}]}
+        return {"response": f"the tool said: {last[:200]}"}
+    if query == "recall":
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        return {"response": f"you said: {first}"}
+    if query.startswith("nudge:"):
+        if not Path(query.split()[0][len("nudge:"):]).exists():
+            return {"understanding": "waiting for a nudge"}
+        return {"response": f"nudged: {query}"}
+    if query.startswith("tool"):
+        if not after_tool:
+            return {"understanding": "listing", "actions": [{"name": "file_list", "args": {}}]}
+        if os.environ.get("COGENCY_TEST_HANG_AFTER_TOOL"):
+            await asyncio.Event().wait()
+        return {"response": f"listed: {query}"}
+    return {"response": f"echo: {query}"}
+
+
+def agent() -> ScriptedLLM:
+    return ScriptedLLM(itertools.repeat(_reply), count_usage=True)

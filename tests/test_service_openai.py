@@ -1,0 +1,135 @@
+"""The official `openai` client against a real `cogency serve`: both endpoints, streaming and
+not, conversations continued across requests and after a restart, OpenAI-shaped 400s."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from serverutil import Server, create_key
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("openai")
+    db = str(tmp / "openai.db")
+    keys = {user: create_key(db, user) for user in ("alice", "bob")}
+    state = {"server": Server(db, tmp)}
+    yield state, keys, db, tmp
+    state["server"].stop()
+
+
+def client(server, key):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def messages(db, conversation):
+    connection = sqlite3.connect(db)
+    try:
+        return connection.execute(
+            "SELECT c.user_id, m.role, m.content FROM conversation_messages m JOIN "
+            "conversations c USING (conversation_id) WHERE conversation_id = ? ORDER BY m.seq",
+            (conversation,)).fetchall()
+    finally:
+        connection.close()
+
+
+def test_models_and_chat_completions(served):
+    state, keys, db, _ = served
+    ai = client(state["server"], keys["alice"])
+    assert [model.id for model in ai.models.list()] == ["cogency"]
+    first = ai.chat.completions.create(model="cogency",
+                                       messages=[{"role": "user", "content": "my name is Ada"}])
+    assert first.choices[0].message.content == "echo: my name is Ada"
+    assert first.choices[0].finish_reason == "stop"
+    assert first.usage.prompt_tokens > 0 and first.usage.completion_tokens > 0
+    assert first.usage.total_tokens == first.usage.prompt_tokens + first.usage.completion_tokens
+    conversation = first.model_extra["conversation_id"]
+    # continued: the client names the conversation; the history is Cogency's
+    again = ai.chat.completions.create(
+        model="cogency", metadata={"conversation_id": conversation},
+        messages=[{"role": "user", "content": "my name is Ada"},
+                  {"role": "assistant", "content": "echo: my name is Ada"},
+                  {"role": "user", "content": "recall"}])
+    assert again.choices[0].message.content == "you said: my name is Ada"
+    assert messages(db, conversation) == [
+        ("alice", "user", "my name is Ada"), ("alice", "assistant", "echo: my name is Ada"),
+        ("alice", "user", "recall"), ("alice", "assistant", "you said: my name is Ada")]
+    # streaming, with usage
+    chunks = list(ai.chat.completions.create(
+        model="cogency", stream=True, stream_options={"include_usage": True},
+        metadata={"conversation_id": conversation},
+        messages=[{"role": "user", "content": "stream this"}]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "echo: stream this"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.total_tokens > 0
+    assert messages(db, conversation)[-1] == ("alice", "assistant", "echo: stream this")
+
+
+def test_responses_chain_and_survive_a_restart(served, tmp_path):
+    state, keys, db, tmp = served
+    ai = client(state["server"], keys["alice"])
+    first = ai.responses.create(model="cogency", input="I live in Lisbon")
+    assert first.output_text == "echo: I live in Lisbon" and first.status == "completed"
+    assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0
+    second = ai.responses.create(model="cogency", input="recall",
+                                 previous_response_id=first.id)
+    assert second.output_text == "you said: I live in Lisbon"
+    assert second.metadata["conversation_id"] == first.metadata["conversation_id"]
+    with ai.responses.stream(model="cogency", input="streamed", previous_response_id=second.id) \
+            as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
+    assert final.output_text == "echo: streamed"
+    # bob cannot continue alice's conversation by naming her response
+    bob = client(state["server"], keys["bob"])
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(model="cogency", input="recall", previous_response_id=final.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.chat.completions.create(
+            model="cogency", metadata={"conversation_id": final.metadata["conversation_id"]},
+            messages=[{"role": "user", "content": "recall"}])
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(model="cogency", input="hi", previous_response_id="resp_garbage")
+    # a restart: the chain goes on from the stored conversation
+    state["server"].stop()
+    state["server"] = Server(db, tmp, name="restarted")
+    after = client(state["server"], keys["alice"]).responses.create(
+        model="cogency", input="recall", previous_response_id=final.id)
+    assert after.output_text == "you said: I live in Lisbon"
+    stored = messages(db, first.metadata["conversation_id"])
+    assert [content for _, role, content in stored if role == "user"] == [
+        "I live in Lisbon", "recall", "streamed", "recall"]
+
+
+def test_what_cannot_be_honoured_is_a_400(served):
+    state, keys, _, _ = served
+    ai = client(state["server"], keys["alice"])
+    hello = [{"role": "user", "content": "hi"}]
+    cases = [
+        (dict(messages=hello, tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (dict(messages=hello, n=2), "n"),
+        (dict(messages=hello, temperature=0.2), "temperature"),
+        (dict(messages=[{"role": "system", "content": "be terse"}, *hello]), "messages"),
+        (dict(messages=[*hello, {"role": "assistant", "content": "x"}, *hello]), "messages"),
+    ]
+    for fields, param in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            ai.chat.completions.create(model="cogency", **fields)
+        error = caught.value.body
+        assert error["param"] == param and error["type"] == "invalid_request_error"
+        assert error["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        ai.responses.create(model="cogency", input="hi", instructions="be terse")
+    assert caught.value.body["param"] == "instructions"
+    with pytest.raises(openai.NotFoundError):
+        ai.chat.completions.create(model="gpt-4o", messages=hello)
+    with pytest.raises(openai.AuthenticationError):
+        client(state["server"], "cog_wrong").models.list()

@@ -1,0 +1,103 @@
+"""The web page at `/`, driven in a real headless Chromium (Debian's, through Playwright)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+
+import pytest
+
+from serverutil import Server, create_key
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
+CHROMIUM = "/usr/bin/chromium"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+if not IN_CI:
+    pytest.importorskip("playwright", reason="pip install -e '.[test]'; under CI=true this fails")
+    if not shutil.which(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it); under CI=true "
+                    "this fails", allow_module_level=True)
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("page")
+    root = tmp / "root"
+    root.mkdir()
+    (root / "notes.txt").write_text("hi\n")
+    db = str(tmp / "page.db")
+    key = create_key(db, "alice")
+    server = Server(db, tmp, "--tools", "files", "--root", str(root))
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                                  args=["--no-sandbox"])
+            try:
+                yield chromium, server, key, db
+            finally:
+                chromium.close()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def browser_page(browser):
+    chromium, server, key, db = browser
+    context = chromium.new_context()  # its own storage: no key carried over between tests
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    page.goto(server.url + "/")
+    yield page, key, db
+    context.close()
+
+
+def count(db, sql):
+    connection = sqlite3.connect(db)
+    try:
+        return connection.execute(sql).fetchone()[0]
+    finally:
+        connection.close()
+
+
+def test_chat_steps_profile_and_forget(browser_page):
+    page, key, db = browser_page
+    page.fill("#key", key)
+    page.click("#save-key")
+    page.fill("#query", "hello page")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("echo: hello page")
+    # the steps of a run show as they happen: the tool call and its result
+    page.fill("#query", "tool look around")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("listed: tool look around")
+    expect(page.locator(".step.action").last).to_contain_text("file_list")
+    expect(page.locator(".step.result").last).to_contain_text("notes.txt")
+    # the same conversation goes on
+    page.fill("#query", "recall")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("you said: hello page")
+    # what the server sends is text, never markup
+    page.fill("#query", "<img src=x id=injected>")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("echo: <img src=x id=injected>")
+    assert page.locator("#injected").count() == 0
+    assert count(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") == 1
+    # the profile, then forgetting it all
+    page.click("#show-profile")
+    expect(page.locator("#profile")).to_contain_text('"user_id": "alice"')
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#forget")
+    expect(page.locator("#profile")).to_have_text("forgotten")
+    assert count(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") == 0
+    assert count(db, "SELECT COUNT(*) FROM user_profiles WHERE user_id = 'alice'") == 0
+
+
+def test_a_wrong_key_is_said_plainly(browser_page):
+    page, _, _ = browser_page
+    page.fill("#key", "cog_not_a_key")
+    page.click("#save-key")
+    page.fill("#query", "hello")
+    page.click("#send")
+    expect(page.locator(".step.error").last).to_contain_text("not valid")
