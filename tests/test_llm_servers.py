@@ -144,7 +144,9 @@ async def test_the_local_model_recognises_a_cut_off_reply_too(llama_server, stor
     from cogency.llm._local import default_model_path
 
     llm = LocalLLM(default_model_path(), n_ctx=2048, threads=1, max_tokens=8)
-    async with Agent(llm=llm, store=store, max_iterations=1, invalid_retries=1) as agent:
+    # With a tool the reply is a JSON step (without one the local model answers in plain text).
+    async with Agent(llm=llm, tools=[add], store=store, max_iterations=1,
+                     invalid_retries=1) as agent:
         events, result = await run(agent, QUESTION, user_id="lo")
     await llm.close()
     errors = [event.message for event in of(events, "error")]

@@ -259,7 +259,7 @@ def test_mcp_flag_on_the_command_line(npm_servers, tmp_path, db_path, db):
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "cogency.cli", "run", "echo it", "--db", str(db_path),
-         "--llm", "cli_models:scripted", "--mcp", mcp_servers.npm_bin("mcp-server-everything"),
+         "--llm", "cli_models:scripted", "--no-memory", "--mcp", mcp_servers.npm_bin("mcp-server-everything"),
          "--mcp", f"{sys.executable} {TESTS / 'mcp_stub.py'}", "--yes"],
         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
     )
