@@ -301,6 +301,8 @@ async def run_rounds(
     """Kill ``kills`` workers; check and resume after each. Returns the figures."""
     workdir.mkdir(parents=True, exist_ok=True)
     db, side, log = workdir / "crash.db", workdir / "side.txt", workdir / "committed.log"
+    for stale in (db, side, log, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        stale.unlink(missing_ok=True)  # the checks compare against this run's own records
     rng = random.Random(seed)
     figures = Figures()
     started = time.monotonic()

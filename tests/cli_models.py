@@ -1,7 +1,8 @@
 """Model factories the CLI tests name with ``--llm cli_models:…`` (tests/ is on PYTHONPATH).
 
 The script comes from the JSON file in ``$COGENCY_TEST_SCRIPT``; the string ``"<hang>"``
-stands for a reply that never comes (to interrupt a run).
+stands for a reply that never comes (to interrupt a run), ``"<rate-limit>"`` for a provider's
+refusal that the agent retries.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import json
 import os
 
-from cogency.errors import AuthenticationError
+from cogency.errors import AuthenticationError, RateLimitError
 from cogency.testing import ScriptedLLM
 
 
@@ -21,11 +22,45 @@ async def _hang(messages):
 def scripted() -> ScriptedLLM:
     with open(os.environ["COGENCY_TEST_SCRIPT"], encoding="utf-8") as source:
         script = json.load(source)
-    return ScriptedLLM([_hang if item == "<hang>" else item for item in script])
+    special = {"<hang>": _hang, "<rate-limit>": RateLimitError("HTTP 429: slow down")}
+    return ScriptedLLM([special.get(item, item) if isinstance(item, str) else item
+                        for item in script])
 
 
 def bad_key() -> ScriptedLLM:
     return ScriptedLLM([AuthenticationError("the provider rejected the key: set OPENAI_API_KEY")])
+
+
+def streaming() -> ScriptedLLM:
+    """The script, each reply streamed in 8-character pieces (token events)."""
+    llm = scripted()
+    llm.chunk = 8
+    return llm
+
+
+class _SlowModel(ScriptedLLM):
+    """A model that takes a while to load and to answer (like the offline one on a slow box)."""
+
+    name = "slow-test-model"
+
+    loaded = False
+
+    async def start(self) -> None:
+        if not self.loaded:  # like the offline model: slow once, then ready
+            await asyncio.sleep(1.0)
+            self.loaded = True
+
+
+def slow() -> ScriptedLLM:
+    llm = scripted()
+    return _SlowModel(list(llm._queue), delay=float(os.environ.get("COGENCY_TEST_DELAY", "1.5")))
+
+
+def big_window() -> ScriptedLLM:
+    """The script, on a model whose context window takes a 1 MB query."""
+    llm = scripted()
+    llm.context_window = 2_000_000
+    return llm
 
 
 def small_window() -> ScriptedLLM:
@@ -33,3 +68,10 @@ def small_window() -> ScriptedLLM:
     model = scripted()
     model.context_window = 2048
     return model
+
+
+def cannot_learn() -> ScriptedLLM:
+    """The script, on a model too small to learn profiles (as the default offline model)."""
+    llm = scripted()
+    llm.learns = False  # type: ignore[attr-defined]
+    return llm

@@ -58,7 +58,7 @@ def stored_results(db_path):
 
 
 def test_without_a_terminal_the_task_pauses_and_approve_decides_it(cogency, tmp_path, db_path):
-    llm = ["--llm", "cli_models:scripted", "--tools", "files"]
+    llm = ["--llm", "cli_models:scripted", "--tools", "files", "--no-memory"]
     done = cogency("run", QUERY, "--user", "bob", *llm,
                    script=[step(actions=[write("notes.txt", "overwritten")])])
     assert done.returncode == 3, done.stderr
@@ -66,8 +66,7 @@ def test_without_a_terminal_the_task_pauses_and_approve_decides_it(cogency, tmp_
     assert status == "pending"
     assert (tmp_path / "notes.txt").read_text() == ORIGINAL
     assert f"{call_id}  file_write(" in done.stderr
-    command = (f"cogency approve {task_id} --user bob --db {db_path} "
-               "--llm cli_models:scripted --tools files")
+    command = f"cogency approve {task_id} --user bob --db {db_path}"  # the task keeps its tools
     assert f"approve: {command}\n" in done.stderr
     assert f"deny:    {command} --deny CALL_ID" in done.stderr
 
@@ -81,7 +80,7 @@ def test_without_a_terminal_the_task_pauses_and_approve_decides_it(cogency, tmp_
     wrong = cogency("approve", task_id, "--user", "bob", "--deny", "call_nope", *llm)
     assert wrong.returncode == 1 and "no call 'call_nope'" in wrong.stderr
 
-    denied = cogency("approve", task_id, "--user", "bob", "--deny", call_id, *llm,
+    denied = cogency("approve", task_id, "--user", "bob", "--deny", call_id, "--no-memory",
                      script=[step(response="I left the file alone.")])
     assert denied.returncode == 0, denied.stderr
     assert "I left the file alone." in denied.stdout
@@ -100,7 +99,7 @@ def test_without_a_terminal_the_task_pauses_and_approve_decides_it(cogency, tmp_
 
 
 def test_yes_allows_and_read_only_offers_no_writing_tool(cogency, tmp_path, db_path):
-    llm = ["--llm", "cli_models:scripted", "--tools", "files"]
+    llm = ["--llm", "cli_models:scripted", "--tools", "files", "--no-memory"]
     blocked = cogency("run", QUERY, "--read-only", *llm,
                       script=[step(actions=[write("notes.txt", "x")])] * 3)
     assert blocked.returncode == 1

@@ -5,47 +5,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-TESTS = Path(__file__).parent
-
-
-def step(response=None, actions=(), objective="the goal", **fields):
-    return {"secure": True, "objective": objective, "understanding": fields.get("u", ""),
-            "approach": fields.get("a", ""), "discoveries": "", "response": response,
-            "actions": list(actions)}
+from cli_run import COMMAND, TESTS, Cli, rows, step
 
 
 @pytest.fixture
 def cli(tmp_path, db_path):
-    """``cli(*args, script=[...])`` runs ``python -m cogency.cli`` and returns the process."""
-    script_file = tmp_path / "script.json"
-
-    def run(*args, script=None, timeout=60, llm="cli_models:scripted"):
-        script_file.write_text(json.dumps(script or []))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get(
-            "PYTHONPATH", "")]), "COGENCY_TEST_SCRIPT": str(script_file), "NO_COLOR": "1"}
-        command = [sys.executable, "-m", "cogency.cli", *args, "--db", str(db_path)]
-        if args and args[0] in ("run", "resume") and llm:
-            command += ["--llm", llm]
-        return subprocess.run(command, capture_output=True, text=True, env=env,
-                              timeout=timeout, cwd=tmp_path)
-
-    return run
-
-
-def rows(db_path, sql, *params):
-    connection = sqlite3.connect(db_path)
-    try:
-        return connection.execute(sql, params).fetchall()
-    finally:
-        connection.close()
+    """``cli(*args, script=[...])`` runs the ``cogency`` command and returns what it did."""
+    return Cli(tmp_path, db_path)
 
 
 def test_run_streams_thinking_tool_calls_and_the_answer(cli, tmp_path, db_path):
@@ -136,7 +107,7 @@ def test_conversations_and_profile_commands(cli, db_path):
     assert "first answer" not in stranger.stdout + stranger.stderr
     profile = cli("profile", "show", "carol")
     assert profile.returncode == 0 and '"user_id": "carol"' in profile.stdout
-    forgot = cli("profile", "forget", "carol")
+    forgot = cli("profile", "forget", "carol", "--yes")
     assert forgot.returncode == 0 and "forgot 'carol'" in forgot.stdout
     for table in ("user_profiles", "conversations", "conversation_messages", "task_workspaces"):
         assert rows(db_path, f"SELECT COUNT(*) FROM {table}") == [(0,)]
@@ -153,9 +124,10 @@ def test_unknown_tool_set_is_an_error(cli):
 def test_ctrl_c_exits_130_and_leaves_the_task_resumable(tmp_path, db_path):
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(["<hang>"]))
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "COGENCY_TEST_SCRIPT": str(script_file)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get(
+        "PYTHONPATH", "")]), "COGENCY_TEST_SCRIPT": str(script_file)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "cogency.cli", "run", "a long task", "--json", "--db",
+        [*COMMAND, "run", "a long task", "--json", "--db",
          str(db_path), "--llm", "cli_models:scripted"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )

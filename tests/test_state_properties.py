@@ -10,6 +10,7 @@ timezone-aware with arbitrary offsets and zones. (Execution is never stored.)
 from __future__ import annotations
 
 import json
+import unicodedata
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -34,8 +35,10 @@ texts = st.text()  # any code point but surrogates: NUL, controls, astral planes
 large_texts = st.builds(lambda piece, times: piece * times, st.text(min_size=1, max_size=12),
                         st.integers(1_000, 10_000))
 any_text = st.one_of(texts, texts, texts, large_texts)  # a large string now and then
-ids = st.text(st.characters(min_codepoint=33, exclude_categories=("Cs", "Cc")), min_size=1,
-              max_size=40)
+ids = st.text(  # valid ids: NFKC, no controls or invisible format characters (check_id)
+    st.characters(min_codepoint=33, exclude_categories=("Cs", "Cc", "Cf", "Zl", "Zp")),
+    min_size=1, max_size=40,
+).map(lambda text: unicodedata.normalize("NFKC", text)).filter(lambda text: text.strip() and len(text) <= 256)
 
 # Whole-second offsets: real zones have nothing finer (historical LMT offsets have seconds),
 # and Python 3.11's fromisoformat drops a fractional-second offset.

@@ -344,7 +344,8 @@ def test_cogency_run_with_the_shell_cannot_read_its_database(tmp_path) -> None:
                                          os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "cogency.cli", "run", "peek", "--tools", "shell",
-         "--llm", "cli_models:scripted", "--db", "cogency.db", "--json", "--yes"],
+         "--llm", "cli_models:scripted", "--db", "cogency.db", "--json", "--yes",
+         "--no-memory"],
         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr

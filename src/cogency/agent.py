@@ -153,9 +153,18 @@ class Agent:
         return await self._collect(self.resume_stream(task_id, user_id, approvals=approvals))
 
     def stream(
-        self, query: str, user_id: str = "default", conversation_id: str | None = None
+        self,
+        query: str,
+        user_id: str = "default",
+        conversation_id: str | None = None,
+        *,
+        settings: dict[str, Any] | None = None,
     ) -> AsyncIterator[Event]:
-        """Run a new task, yielding its events as they happen; the last one is ``end``."""
+        """Run a new task, yielding its events as they happen; the last one is ``end``.
+
+        ``settings`` (a JSON object) is stored with the task and read back as
+        ``TaskRecord.settings`` (``store.load_task``), e.g. to rebuild this agent to resume it.
+        """
         check_id(user_id, "user_id")
         if not isinstance(query, str) or not query.strip():
             raise UsageError("query must be a non-empty string")
@@ -165,7 +174,7 @@ class Agent:
             state = await State.start_task(
                 query, user_id, conversation_id, self.store,
                 max_iterations=self.max_iterations, history_tokens=self.history_tokens,
-                record_query=True, runner=runner,
+                record_query=True, runner=runner, settings=settings,
             )
             return state, False
 

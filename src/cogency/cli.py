@@ -9,28 +9,37 @@ works from the core install, with no extra dependency.
     cogency resume TASK_ID
     cogency approve TASK_ID [--deny CALL_ID ...]
     cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
-    cogency tasks [release TASK_ID --user U] | conversations [show ID] | profile show|forget USER
+    cogency tasks [release TASK_ID --user U] | conversations [ID] | profile show|forget [USER]
     cogency serve [--db URL] [--llm L] [--port P] | keys create|list|revoke  (server/commands.py)
 
 A tool call that needs approval (file writes, shell) is asked about on the terminal
 (``[y/N]``); ``--yes`` allows them all. Without a terminal on stdin the task pauses, the
 command that decides it is printed, and the exit status is 3.
 
-Errors print one line (``error: …``) on stderr and exit 1 (``--debug`` adds the traceback);
-Ctrl-C exits 130 and leaves the task resumable.
+Each subcommand is one ``_add_*`` function in :data:`COMMANDS` that declares its parser and
+handler; a new subcommand is one more function there. Errors print one line (``error: …``)
+on stderr and exit 1 (``--debug`` adds the traceback); Ctrl-C exits 130 and leaves the task
+resumable. Everything printed that came from a model, a tool or the database goes through
+:func:`visible`: terminal control characters are shown as escapes, never interpreted.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import inspect
 import json
+import logging
 import os
+import re
 import shlex
 import sys
+import time
 import traceback
 import unicodedata
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,48 +49,298 @@ OUTPUT_CHARS = 400
 """A tool's output is cut to this on screen (the model and the database get all of it)."""
 ASK_CHARS = 2_000
 """A call's arguments shown when asking for approval (longer ones are cut, and say so)."""
+MAX_QUERY_BYTES = 16 * 1024 * 1024
+"""The most a query read from standard input may hold."""
+LOAD_NOTICE = 0.5
+"""Seconds a model may take to get ready before the command says it is loading it."""
+WAIT_NOTICE = 10.0
+"""Seconds without any event before the command says what it is still waiting for."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cogency`` console script; returns the exit status."""
-    parser = _parser()
+    _safe_streams()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     progress: dict[str, Any] = {}
     try:
-        return asyncio.run(args.handler(args, progress))
+        outcome = args.handler(args, progress)
+        return int(asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome)
     except KeyboardInterrupt:
         task = progress.get("task_id")
-        hint = f"; resume with: cogency resume {task}" if task else ""
+        hint = f"; resume with: {command_hint(args, 'resume', task)}" if task else ""
         print(f"\ninterrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the one place that turns errors into a line
         if args.debug:
             traceback.print_exc()
-        message = str(exc) or type(exc).__name__
-        print(f"error: {message}", file=sys.stderr)
+        message = _concrete(str(exc) or type(exc).__name__, args, progress.get("task_id"))
+        print(f"error: {visible(message)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _concrete(message: str, args: argparse.Namespace, task: str | None) -> str:
+    """``message`` with the library's generic command suggestions (`cogency tasks`, …) made
+    into commands that work as printed for this invocation."""
+    task = task or getattr(args, "task_id", None)
+    if task:
+        message = message.replace("`cogency tasks release TASK_ID --user USER`",
+                                  command_hint(args, "tasks", "release", task))
+    return (message
+            .replace("`cogency conversations --user USER`", command_hint(args, "conversations"))
+            .replace("`cogency tasks`", command_hint(args, "tasks")))
+
+
+# -- the parser: one function per subcommand --------------------------------------------------
+
+
+@dataclass
+class Commands:
+    """The subcommand registry handed to each ``_add_*`` function.
+
+    ``add(name, help, handler, *parents)`` returns the new subparser; ``parents`` name the
+    shared option groups: ``"db"`` (``--db``, ``--debug``), ``"user"`` (``--user``),
+    ``"agent"`` (model, tools, root, iterations, MCP servers) and ``"running"`` (``"agent"``,
+    learning, and how a run is shown).
+    """
+
+    subparsers: Any
+    parents: dict[str, argparse.ArgumentParser]
+
+    def add(
+        self,
+        name: str,
+        help: str,
+        handler: Callable[[argparse.Namespace, dict[str, Any]], Any],
+        *parents: str,
+        description: str | None = None,
+    ) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self.subparsers.add_parser(
+            name,
+            help=help,
+            description=description or help[:1].upper() + help[1:] + ".",
+            parents=[self.parents[parent] for parent in ("db", *parents)],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        parser.set_defaults(handler=handler)
+        return parser
+
+
+def _add_run(commands: Commands) -> None:
+    run = commands.add(
+        "run", "run a task: stream the agent's thinking, tool calls and answer", _run,
+        "user", "running",
+        description="Run a task and stream the agent's steps.\n\nexamples:\n"
+                    "  cogency run \"What is 2 + 2?\"\n"
+                    "  cogency run - < question.txt          # the query from standard input\n"
+                    "  git diff | cogency run -               # long input through a pipe",
+    )
+    run.add_argument("query", nargs="?", help="what to do; '-' (or nothing, with a pipe) "
+                                              "reads it from standard input")
+    run.add_argument("--conversation", metavar="ID",
+                     help="continue this conversation (it must exist: `cogency conversations` "
+                          "lists them); leave out to start a new one")
+
+
+def _add_resume(commands: Commands) -> None:
+    resume = commands.add(
+        "resume", "continue an unfinished task", _run, "user", "running",
+        description="Continue an unfinished task. It runs with the tools, root, MCP servers "
+                    "and model it was started with, unless --tools, --root, --mcp or --llm say "
+                    "otherwise.",
+    )
+    resume.add_argument("task_id", help="the task to continue (`cogency tasks` lists them)")
+
+
+def _add_approve(commands: Commands) -> None:
+    approve = commands.add(
+        "approve", "decide the tool calls a paused task waits for, then continue it", _run,
+        "user", "running",
+    )
+    approve.add_argument("task_id", help="the paused task (`cogency tasks` shows what it "
+                                         "waits for)")
+    approve.add_argument("--deny", action="append", default=[], metavar="CALL_ID",
+                         help="deny this call (repeatable); every other waiting call is allowed")
+    approve.add_argument("--deny-all", action="store_true", help="deny every waiting call")
+
+
+def _add_server(commands: Commands) -> None:
+    from .server.commands import add_commands  # `serve` and `keys`
+
+    add_commands(commands.subparsers, commands.parents["db"], commands.parents["agent"])
+
+
+def _add_mcp(commands: Commands) -> None:
+    commands.add("mcp", "serve an agent over MCP (stdio) for the user", _mcp, "user", "agent")
+
+
+def _add_tasks(commands: Commands) -> None:
+    tasks = commands.add(
+        "tasks", "list unfinished tasks (read-only), or release one", _tasks,
+        description="List unfinished tasks (read-only), each with the command that resumes it.\n"
+                    "\n  cogency tasks release TASK_ID --user USER\n\ntakes a task from a "
+                    "runner known to be dead (its later writes are refused), so it can be "
+                    "resumed at once.",
+    )
+    tasks.add_argument("target", nargs="*", metavar="release TASK_ID",
+                       help="release this task (from a runner known to be dead)")
+    tasks.add_argument("--user", help="only this user's tasks (default: every user's); the "
+                                      "task's user, to release it")
+    tasks.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def _add_conversations(commands: Commands) -> None:
+    conversations = commands.add(
+        "conversations", "list a user's conversations, or show one's messages (read-only)",
+        _conversations, "user",
+        description="List a user's conversations (newest first), or show one's messages.\n\n"
+                    "  cogency conversations --user alice\n"
+                    "  cogency conversations ID --user alice   (also: conversations show ID)",
+    )
+    conversations.add_argument("target", nargs="*", metavar="ID",
+                               help="a conversation to show (`show ID` works too)")
+    conversations.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def _add_profile(commands: Commands) -> None:
+    profile = commands.add(
+        "profile", "show or forget what is known of a user", _profile, "user",
+        description="show: print what was learned about a user (read-only).\n"
+                    "forget: erase the user's profile, conversations, messages and tasks "
+                    "(asks first; --yes skips the question).",
+    )
+    profile.add_argument("action", choices=["show", "forget"], help="show or forget")
+    profile.add_argument("user_id", nargs="?", metavar="USER",
+                         help="the user (default: --user, i.e. 'default')")
+    profile.add_argument("--yes", "-y", action="store_true",
+                         help="forget without asking for confirmation")
+
+
+COMMANDS: tuple[Callable[[Commands], None], ...] = (
+    _add_run, _add_resume, _add_approve, _add_mcp, _add_tasks, _add_conversations,
+    _add_profile, _add_server,
+)
+"""Every subcommand, in the order ``cogency --help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``cogency`` argument parser with every subcommand of :data:`COMMANDS`."""
+    from . import __version__
+
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", metavar="PATH_OR_URL",
+                    help="database file, sqlite:///file.db or postgresql://… (default: "
+                         "$COGENCY_DB or cogency.db in the user data directory)")
+    db.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    user = argparse.ArgumentParser(add_help=False)
+    user.add_argument("--user", default="default", help="user id (default: %(default)s)")
+    agent = argparse.ArgumentParser(add_help=False)
+    agent.add_argument("--llm", metavar="MODEL",
+                         help="openai:MODEL, anthropic:MODEL, gemini:MODEL, ollama:MODEL, local, "
+                              "local:/path.gguf, or package.module:factory (default: "
+                              "$COGENCY_LLM, else the first API key set, else local)")
+    agent.add_argument("--tools", metavar="SETS",
+                         help=f"built-in tools, comma separated: {','.join(TOOL_SETS)} "
+                              "(default: none; resume: the task's own)")
+    agent.add_argument("--root", metavar="DIR",
+                         help="directory the files and shell tools are confined to (default: "
+                              "the current one; resume: the task's own)")
+    agent.add_argument("--max-iterations", type=int, default=10, metavar="N",
+                         help="stop after N reasoning steps (default: %(default)s)")
+    agent.add_argument("--mcp", action="append", metavar="COMMAND_OR_URL",
+                       help='an MCP server\'s tools: "command args" (stdio) or an http(s) URL; '
+                            "repeatable")
+    agent.add_argument("--yes", "-y", action="store_true",
+                       help="allow every tool call that needs approval, without asking")
+    agent.add_argument("--read-only", action="store_true",
+                       help="give the model only tools that change nothing")
+    running = argparse.ArgumentParser(add_help=False, parents=[agent])
+    running.add_argument("--no-memory", action="store_true",
+                         help="do not learn the user's profile from this task (learning is on "
+                              "by default; `cogency profile show` shows what was learned)")
+    running.add_argument("--json", action="store_true",
+                         help="print events as JSON lines instead of text")
+    running.add_argument("--tokens", action="store_true",
+                         help="with --json, also print the model's reply as it streams "
+                              "(token events)")
+    running.add_argument("--wait-notice", type=float, default=WAIT_NOTICE, metavar="SECONDS",
+                         help="say what the run is waiting for after this long without news "
+                              "(default: %(default)g)")
+
+    parser = argparse.ArgumentParser(
+        prog="cogency",
+        description="Stateful LLM agents: run tasks, inspect what is stored.",
+        epilog="`cogency COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"cogency {__version__}",
+                        help="print the version and exit")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       help="what to do (`cogency COMMAND --help` for more)")
+    commands = Commands(subparsers, {"db": db, "user": user, "agent": agent, "running": running})
+    for add in COMMANDS:
+        add(commands)
+    return parser
 
 
 # -- commands ---------------------------------------------------------------------------------
 
 
 async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    from .errors import NotFoundError, UsageError
+    from .state.state import check_id
+
+    resuming = args.command != "run"  # resume, approve
+    query = "" if resuming else read_query(args.query)
+    check_id(args.user, "--user")
+    _log_to_stderr()
     store = _store(args)
-    ask = _Ask() if not args.yes and _isatty(sys.stdin) else None
+    ask = _Ask() if not args.yes and _isatty(sys.stdin) else None  # else: tasks pause
     try:
+        stored: dict[str, Any] = {}
+        if resuming:
+            check_id(args.task_id, "task id")
+            try:
+                stored = (await store.load_task(args.task_id, args.user)).settings
+            except NotFoundError:
+                raise NotFoundError(
+                    f"no unfinished task {args.task_id!r} for user {args.user!r}; list them "
+                    f"with: {command_hint(args, 'tasks')}"
+                ) from None
+        elif args.conversation is not None:
+            check_id(args.conversation, "--conversation")
+            try:
+                await store.load_conversation(args.conversation, args.user)
+            except NotFoundError:
+                raise UsageError(
+                    f"no conversation {args.conversation!r} for user {args.user!r}; list them "
+                    f"with: {command_hint(args, 'conversations')} (leave out --conversation to "
+                    "start a new conversation)"
+                ) from None
+        tools = args.tools if args.tools is not None else stored.get("tools", "")
+        root = Path(args.root if args.root is not None else stored.get("root", ".")).resolve()
+        llm = args.llm if args.llm is not None else stored.get("llm")
+        mcp = args.mcp if args.mcp is not None else stored.get("mcp")
         decisions = await _decisions(store, args) if args.command == "approve" else None
-        async with _agent(args, store, ask) as agent:  # no terminal to ask on: tasks pause
-            start = getattr(agent.llm, "start", None)
-            if start is not None:  # the offline model: fetch and load it before the spinner
-                await start()
-            if args.command == "run":
-                events = agent.stream(args.query, args.user, args.conversation)
-            else:
+        async with _agent(args, store, llm, tools, root, mcp, memory=not args.no_memory,
+                          ask=ask) as agent:
+            await _start_model(agent.llm)
+            if resuming:
                 events = agent.resume_stream(args.task_id, args.user, approvals=decisions)
-            return await _show(events, args, progress, ask)
+            else:
+                settings: dict[str, Any] = {"tools": tools, "root": str(root)}
+                if llm and not _has_secret(llm):
+                    settings["llm"] = llm
+                if mcp and not any(_has_secret(spec) for spec in mcp):
+                    settings["mcp"] = mcp
+                events = agent.stream(query, args.user, args.conversation, settings=settings)
+            code = await _show(events, args, progress, ask)
+            if agent.memory is not None and agent.memory.pending:  # close() waits for it
+                print(f"learning about {visible(args.user, keep='')!r} from this task… "
+                      "(--no-memory skips this)", file=sys.stderr, flush=True)
+        return code
     finally:
         await store.close()
 
@@ -95,15 +354,28 @@ async def _decisions(store: Any, args: argparse.Namespace) -> dict[str, bool]:
     if not pending:
         raise UsageError(
             f"task {args.task_id!r} waits for no approval; continue it with: "
-            f"cogency resume {shlex.quote(args.task_id)}"
+            f"{command_hint(args, 'resume', args.task_id)}"
         )
     unknown = [call_id for call_id in args.deny if call_id not in pending]
     if unknown:
         raise NotFoundError(
-            f"task {args.task_id!r} has no call {_safe(unknown[0])!r} waiting for approval "
-            f"(waiting: {', '.join(pending)})"
+            f"task {args.task_id!r} has no call {visible(unknown[0], keep='')!r} waiting for "
+            f"approval (waiting: {', '.join(pending)})"
         )
     return {call_id: not (args.deny_all or call_id in args.deny) for call_id in pending}
+
+
+async def _start_model(llm: Any) -> None:
+    """Get the model ready before the run; say so when that takes a while (the offline model
+    loads, or is fetched the first time), so the screen is never blank meanwhile."""
+    began = time.monotonic()
+    starting = asyncio.ensure_future(llm.start())
+    done, _ = await asyncio.wait({starting}, timeout=LOAD_NOTICE)
+    if not done:
+        print(f"loading the model ({visible(llm.name)})…", file=sys.stderr, flush=True)
+        await starting
+        print(f"model loaded in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+    starting.result()
 
 
 async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
@@ -113,36 +385,58 @@ async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     require_sdk()
     store = _store(args)
     try:
-        async with _agent(args, store) as agent:
+        root = Path(args.root or ".").resolve()
+        async with _agent(args, store, args.llm, args.tools, root, args.mcp,
+                          memory=False) as agent:
             await serve_stdio(agent, args.user)
     finally:
         await store.close()
     return EXIT_OK
 
 
-def _agent(args: argparse.Namespace, store: Any, ask: Any = None) -> Any:
-    """The agent the command line describes; ``ask`` decides calls that need approval
-    (``--yes`` allows them all; with neither, a task pauses at such a call)."""
+@contextlib.asynccontextmanager
+async def _agent(args: argparse.Namespace, store: Any, llm: str | None, tools: str | None,
+                 root: Path, mcp: Sequence[str] | None, *, memory: bool,
+                 ask: Any = None) -> AsyncIterator[Any]:
+    """The agent of a command; it learns with ``memory`` unless its model cannot (the default
+    offline model is too small: asking it would only print a warning on every run). ``ask``
+    decides calls that need approval (``--yes`` allows them all; with neither, a task pauses
+    at such a call)."""
     from .agent import Agent
     from .errors import UsageError
+    from .llm.resolve import resolve_llm
 
-    if args.read_only and args.mcp:
+    if args.read_only and mcp:
         raise UsageError("--read-only cannot include --mcp servers (their tools may change "
                          "anything); leave --mcp out")
-    return Agent(
-        llm=args.llm,
-        tools=[*builtin_tools(args.tools, Path(args.root), read_only=args.read_only),
-               *mcp_servers(args.mcp)],
-        store=store,
-        max_iterations=args.max_iterations,
-        approve=True if args.yes else ask,
-    )
+    model, owned = resolve_llm(llm)
+    try:
+        async with Agent(
+            llm=model,
+            tools=[*builtin_tools(tools, root, read_only=args.read_only), *mcp_servers(mcp)],
+            store=store,
+            memory=memory and getattr(model, "learns", True),
+            max_iterations=args.max_iterations,
+            approve=True if args.yes else ask,
+        ) as agent:
+            yield agent
+    finally:
+        if owned:
+            await model.close()
 
 
 async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
-    if args.release:
-        return await _release(args)
-    store = _store(args)
+    from .errors import UsageError
+
+    if args.target:
+        if args.target[0] != "release" or len(args.target) != 2 or not args.user:
+            raise UsageError("to release a task: cogency tasks release TASK_ID --user USER"
+                             " (without operands, cogency tasks lists them)")
+        return await _release(args, args.target[1])
+    store = _read_store(args)
+    if store is None:
+        print("no unfinished tasks (nothing is stored yet)")
+        return EXIT_OK
     try:
         tasks = await store.list_tasks(args.user)
     finally:
@@ -151,7 +445,8 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         for task in tasks:
             _json_line({"task_id": task.task_id, "user_id": task.user_id,
                         "conversation_id": task.conversation_id, "query": task.query,
-                        "workspace": task.workspace, "updated_at": _iso(task.updated_at),
+                        "workspace": task.workspace, "settings": task.settings,
+                        "updated_at": _iso(task.updated_at),
                         "pending_approvals": task.pending_approvals})
         return EXIT_OK
     if not tasks:
@@ -159,36 +454,58 @@ async def _tasks(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         return EXIT_OK
     style = _Style(sys.stdout)
     for task in tasks:
-        print(f"{style.bold(task.task_id)}  {task.user_id}  {_iso(task.updated_at)}  "
-              f"{_clip(_safe(task.query), 60)}")
+        print(f"{style.bold(visible(task.task_id, keep=''))}  {visible(task.user_id, keep='')}  "
+              f"{_iso(task.updated_at)}  {visible(_clip(task.query, 60))}")
         for call in task.pending_approvals:
-            print(style.yellow(f"  waits for approval: {call['id']}  ") + _call_text(call, 200))
-    print(style.dim("resume one with: cogency resume TASK_ID --user USER; decide what one "
-                    "waits for with: cogency approve TASK_ID [--deny CALL_ID] --user USER"))
+            print(style.yellow(f"  waits for approval: {visible(call['id'], keep='')}  ")
+                  + _call_text(call, 200))
+        if task.pending_approvals:
+            decide = command_hint(args, "approve", task.task_id, user=task.user_id)
+            print(style.dim(f"  approve: {decide}  (deny one: add --deny CALL_ID)"))
+        else:
+            resume = command_hint(args, "resume", task.task_id, user=task.user_id)
+            print(style.dim(f"  resume: {resume}"))
     return EXIT_OK
 
 
-async def _release(args: argparse.Namespace) -> int:
-    from .errors import UsageError
+async def _release(args: argparse.Namespace, task_id: str) -> int:
+    from .state.state import check_id
 
-    if not args.task_id or not args.user:
-        raise UsageError("usage: cogency tasks release TASK_ID --user USER")
+    check_id(task_id, "task id")
+    check_id(args.user, "--user")
     store = _store(args)
     try:
-        runner = await store.force_release(args.task_id, args.user)
+        runner = await store.force_release(task_id, args.user)
     finally:
         await store.close()
-    held = f" from runner {runner}" if runner else " (no runner held it)"
-    print(f"released task {args.task_id}{held}; its later writes are refused. "
-          f"Resume it with: cogency resume {args.task_id} --user {args.user}")
+    held = f" from runner {visible(runner, keep='')}" if runner else " (no runner held it)"
+    print(f"released task {visible(task_id, keep='')}{held}; its later writes are refused. "
+          f"Resume it with: {command_hint(args, 'resume', task_id)}")
     return EXIT_OK
 
 
 async def _conversations(args: argparse.Namespace, progress: dict[str, Any]) -> int:
-    store = _store(args)
+    from .errors import UsageError
+    from .state.state import check_id
+
+    target = list(args.target)
+    if target[:1] == ["show"]:
+        target = target[1:]
+    if len(target) > 1:
+        raise UsageError(
+            f"give one conversation id, e.g.: {command_hint(args, 'conversations', target[-1])}"
+        )
+    check_id(args.user, "--user")
+    store = _read_store(args)
+    if store is None:
+        if target:
+            return await _show_conversation(None, target[0], args)
+        print(f"no conversations for user {visible(args.user, keep='')!r} "
+              "(nothing is stored yet)")
+        return EXIT_OK
     try:
-        if args.conversation_id:
-            return await _show_conversation(store, args)
+        if target:
+            return await _show_conversation(store, target[0], args)
         conversations = await store.list_conversations(args.user)
     finally:
         await store.close()
@@ -198,43 +515,96 @@ async def _conversations(args: argparse.Namespace, progress: dict[str, Any]) -> 
                         "messages": item.message_count, "updated_at": _iso(item.updated_at)})
         return EXIT_OK
     if not conversations:
-        print(f"no conversations for user {args.user!r}")
+        print(f"no conversations for user {visible(args.user, keep='')!r}")
         return EXIT_OK
     style = _Style(sys.stdout)
     for item in conversations:
-        print(f"{style.bold(item.conversation_id)}  {item.message_count} messages  "
-              f"{_iso(item.updated_at)}")
+        print(f"{style.bold(visible(item.conversation_id, keep=''))}  "
+              f"{_count(item.message_count, 'message')}  {_iso(item.updated_at)}")
+    newest = command_hint(args, "conversations", conversations[0].conversation_id)
+    print(style.dim(f"show the newest: {newest}"))
     return EXIT_OK
 
 
-async def _show_conversation(store: Any, args: argparse.Namespace) -> int:
-    await store.load_conversation(args.conversation_id, args.user)  # NotFoundError if not theirs
-    messages = await store.load_messages(args.conversation_id, args.user)
+async def _show_conversation(store: Any, conversation_id: str, args: argparse.Namespace) -> int:
+    from .errors import NotFoundError
+    from .state.state import check_id
+
+    check_id(conversation_id, "conversation id")
+    try:
+        if store is None:
+            raise NotFoundError(conversation_id)
+        # NotFoundError when missing or another user's
+        await store.load_conversation(conversation_id, args.user)
+        messages = await store.load_messages(conversation_id, args.user)
+    except NotFoundError:
+        raise NotFoundError(
+            f"no conversation {conversation_id!r} for user {args.user!r}; list them with: "
+            f"{command_hint(args, 'conversations')}"
+        ) from None
     if args.json:
         for message in messages:
             _json_line({"role": message["role"], "content": message["content"]})
         return EXIT_OK
     style = _Style(sys.stdout)
     for message in messages:
-        print(f"{style.bold(message['role'])}: {message['content']}")
+        print(f"{style.bold(visible(message['role']))}: {visible(message['content'])}")
     return EXIT_OK
 
 
 async def _profile(args: argparse.Namespace, progress: dict[str, Any]) -> int:
-    store = _store(args)
+    from .state.state import check_id
+
+    user = args.user_id or args.user
+    check_id(user, "user")
+    shown = repr(visible(user, keep=""))
+    store = _read_store(args)
+    if store is None:
+        print(f"nothing is stored about {shown}"
+              + ("; nothing to forget" if args.action == "forget" else ""))
+        return EXIT_OK
     try:
-        if args.action == "forget":
-            await store.forget_user(args.user_id)
-            print(f"forgot {args.user_id!r}: profile, conversations, messages and tasks deleted")
-            return EXIT_OK
-        profile = await store.load_profile(args.user_id)
+        profile = await store.load_profile(user)
+        conversations = await store.list_conversations(user)
+        tasks = await store.list_tasks(user)
     finally:
         await store.close()
-    if profile is None:
-        print(f"nothing is stored about {args.user_id!r}")
+    if args.action == "show":
+        if profile is None:
+            print(f"nothing is stored about {shown}")
+            return EXIT_OK
+        _json_line(profile.to_dict(), indent=2)
         return EXIT_OK
-    print(json.dumps(profile.to_dict(), indent=2, ensure_ascii=False, default=str))
+    if profile is None and not conversations and not tasks:
+        print(f"nothing is stored about {shown}; nothing to forget")
+        return EXIT_OK
+    messages = sum(item.message_count for item in conversations)
+    what = (f"the profile, {_count(len(conversations), 'conversation')} "
+            f"({_count(messages, 'message')}) and {_count(len(tasks), 'unfinished task')}")
+    if not args.yes and not _confirm(f"erase everything stored about {shown}: {what}?"):
+        print("nothing was erased")
+        return EXIT_ERROR
+    from .memory import Memory
+
+    writable = _store(args)
+    try:
+        await Memory(store=writable).forget(user)
+    finally:
+        await writable.close()
+    print(f"forgot {shown}: {what} deleted")
     return EXIT_OK
+
+
+def _confirm(question: str) -> bool:
+    from .errors import UsageError
+
+    if not _isatty(sys.stdin):
+        raise UsageError(
+            f"{question} Standard input is not a terminal, so it cannot ask: add --yes to confirm"
+        )
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
 
 
 # -- streaming a run --------------------------------------------------------------------------
@@ -242,15 +612,17 @@ async def _profile(args: argparse.Namespace, progress: dict[str, Any]) -> int:
 
 async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
                 progress: dict[str, Any], ask: _Ask | None = None) -> int:
-    out = sys.stdout
-    view = None if args.json else _View(out, sys.stderr)
+    view = None if args.json else _View(sys.stdout, sys.stderr)
     if ask is not None:
         ask.view = view
+    waiting: list[Any] = []
+    watch = _Watch(args.wait_notice, view)
+    watcher = asyncio.get_running_loop().create_task(watch.run())
     fatal: str | None = None
     end: Any = None
-    waiting: list[Any] = []
     try:
         async for event in events:
+            watch.saw(event)
             progress.setdefault("task_id", event.task_id)
             if event.type == "error" and event.fatal:
                 fatal = event.message
@@ -258,11 +630,12 @@ async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
                 waiting.append(event)
             if event.type == "end":
                 end = event
-            if view is None:
-                _json_line(event.to_dict())
-            else:
+            if view is not None:
                 view.show(event)
+            elif event.type != "token" or args.tokens:
+                _json_line(event.to_dict())
     finally:
+        watcher.cancel()
         if view is not None:
             view.stop()
     if end is None:
@@ -273,24 +646,20 @@ async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
         _tell_how_to_decide(end.task_id, waiting, args)
         return EXIT_AWAITING
     if fatal is None:
-        fatal = f"the task stopped ({end.stop_reason}) after {end.iterations} iterations"
-    print(f"error: {fatal}; resume with: cogency resume {end.task_id}", file=sys.stderr)
+        fatal = f"the task stopped ({end.stop_reason}) after {_count(end.iterations, 'iteration')}"
+    print(f"error: {visible(fatal)}; resume with: {command_hint(args, 'resume', end.task_id)}",
+          file=sys.stderr)
     return EXIT_ERROR
 
 
 def _tell_how_to_decide(task_id: str, waiting: list[Any], args: argparse.Namespace) -> None:
-    """Print what the paused task waits for, and the commands that decide it."""
+    """Print what the paused task waits for, and the commands that decide it (the task keeps
+    its tools, root and model, so ``--user`` and ``--db`` are all they need)."""
     count = len(waiting)
-    lines = [f"task {task_id} waits for your approval of {count} call{'s' * (count != 1)} "
-             "(no terminal to ask on):"]
-    lines += [f"  {event.id}  {_call_text(event, 300)}" for event in waiting]
-    command = ["cogency", "approve", task_id]
-    for flag, value, default in (("--user", args.user, "default"), ("--db", args.db, None),
-                                 ("--llm", args.llm, None), ("--tools", args.tools, ""),
-                                 ("--root", args.root, ".")):
-        if value != default:
-            command += [flag, value]
-    decide = " ".join(shlex.quote(part) for part in command)
+    lines = [f"task {visible(task_id, keep='')} waits for your approval of "
+             f"{_count(count, 'call')} (no terminal to ask on):"]
+    lines += [f"  {visible(event.id, keep='')}  {_call_text(event, 300)}" for event in waiting]
+    decide = command_hint(args, "approve", task_id)
     lines.append(f"approve: {decide}")
     lines.append(f"deny:    {decide} --deny CALL_ID  (or --deny-all)")
     print("\n".join(lines), file=sys.stderr)
@@ -331,11 +700,56 @@ async def _read_line(stream: IO[str]) -> str:
     return os.read(fd, 4096).decode("utf-8", "replace")
 
 
+def _call_text(call: Any, limit: int) -> str:
+    """``name({args})`` of a call (a dict or an event), escaped and cut at ``limit`` chars."""
+    name = call["name"] if isinstance(call, dict) else call.name
+    args = call["args"] if isinstance(call, dict) else call.args
+    text = visible(f"{name}({json.dumps(args, ensure_ascii=False, default=str)})", keep="")
+    if len(text) > limit:
+        text = text[:limit] + f"… ({len(text) - limit} more characters)"
+    return text
+
+
+class _Watch:
+    """Says what a run waits for when no event came for ``every`` seconds, and again after
+    each further ``every`` seconds: a hung server never means minutes of silence."""
+
+    def __init__(self, every: float, view: _View | None) -> None:
+        self.every = every
+        self.view = view
+        self.last = time.monotonic()
+        self.next = every
+        self.waiting_for = "the model"
+
+    def saw(self, event: Any) -> None:
+        self.last, self.next = time.monotonic(), self.every
+        if event.type == "action":
+            self.waiting_for = f"the tool {visible(event.name, keep='')}"
+        elif event.type != "token":
+            self.waiting_for = "the model"
+
+    async def run(self) -> None:
+        if self.every <= 0:
+            return
+        while True:
+            await asyncio.sleep(min(1.0, self.every / 4))
+            quiet = time.monotonic() - self.last
+            if quiet >= self.next:
+                self.next += self.every
+                note = (f"… still waiting for {self.waiting_for}: nothing for {quiet:.0f} s "
+                        "(Ctrl-C stops; the task stays resumable)")
+                if self.view is not None:
+                    self.view.notice(note)
+                else:
+                    print(note, file=sys.stderr, flush=True)
+
+
 class _View:
     """Renders events for a person: thinking, tool calls and results, then the answer."""
 
     def __init__(self, out: IO[str], status: IO[str]) -> None:
         self.out = out
+        self.status = status
         self.style = _Style(out)
         self.spinner = _Spinner(status) if _isatty(status) else None
         self.workspace: dict[str, str] = {}
@@ -353,32 +767,46 @@ class _View:
         style = self.style
         if kind == "start":
             verb = "resuming" if event.resumed else "task"
-            self._line(style.dim(f"{verb} {event.task_id} · conversation {event.conversation_id}"))
+            self._line(style.dim(f"{verb} {visible(event.task_id, keep='')} · conversation "
+                                 f"{visible(event.conversation_id, keep='')}"))
         elif kind == "reason":
             for name, value in event.workspace.items():
                 if value and self.workspace.get(name) != value:
-                    self._line(style.dim(f"  {name}: ") + _clip(value, 300))
+                    self._line(style.dim(f"  {visible(name)}: ") + visible(_clip(value, 300)))
             self.workspace = dict(event.workspace)
         elif kind == "action":
-            args = _safe(json.dumps(event.args, ensure_ascii=False))
-            self._line(style.cyan(f"→ {event.name}") + style.dim(f"({_clip(args, 200)})"))
+            args = json.dumps(event.args, ensure_ascii=False, default=str)
+            self._line(style.cyan(f"→ {visible(event.name)}")
+                       + style.dim(f"({visible(_clip(args, 200))})"))
         elif kind == "approval":
-            self._line(style.yellow(f"⏸ {event.name} waits for approval ({event.id})"))
+            self._line(style.yellow(f"⏸ {visible(event.name)} waits for approval "
+                                    f"({visible(event.id, keep='')})"))
         elif kind == "result":
             mark = style.green("✓") if event.ok else style.red("✗")
-            self._line(f"{mark} {event.name}: {_clip(str(event.output), OUTPUT_CHARS)}")
+            self._line(f"{mark} {visible(event.name)}: "
+                       f"{visible(_clip(str(event.output), OUTPUT_CHARS))}")
         elif kind == "response":
             self._line("")
-            self._line(style.bold(event.text))
+            self._line(style.bold(visible(event.text)))
+        elif kind == "retry":
+            self._line(style.yellow(f"! {visible(event.reason)}: retrying in {event.delay:.1f} s "
+                                    f"(retry {event.attempt})"))
         elif kind == "error":
             if not event.fatal:
-                self._line(style.yellow(f"! {event.message}"))
+                self._line(style.yellow(f"! {visible(event.message)}"))
         elif kind == "end":
-            self._line(style.dim(f"{event.stop_reason} · {event.iterations} iteration"
-                                 f"{'' if event.iterations == 1 else 's'}"))
+            self._line(style.dim(f"{visible(event.stop_reason)} · "
+                                 f"{_count(event.iterations, 'iteration')}"))
             return
         if self.spinner and kind != "response":
             self.spinner.start("working" if kind in ("action", "result") else "thinking")
+
+    def notice(self, text: str) -> None:
+        """A line on the status stream (the spinner, when there is one, shows it instead)."""
+        if self.spinner:
+            self.spinner.note = text.removeprefix("… ").split(":")[0]
+            return
+        print(text, file=self.status, flush=True)
 
     def stop(self) -> None:
         if self.spinner:
@@ -389,18 +817,22 @@ class _View:
 
 
 class _Spinner:
-    """A one-line spinner on a terminal, redrawn by a task until an event clears it."""
+    """A one-line spinner on a terminal, redrawn by a task until an event clears it; it shows
+    how long it has been spinning."""
 
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
         self.label = ""
+        self.note = ""
         self.chars = 0
+        self.began = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
     def start(self, label: str) -> None:
-        self.label, self.chars = label, 0
+        self.label, self.chars, self.note = label, 0, ""
+        self.began = time.monotonic()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._spin())
 
@@ -421,8 +853,11 @@ class _Spinner:
         frame = 0
         while True:
             extra = f" ({self.chars} chars)" if self.chars else ""
+            seconds = time.monotonic() - self.began
+            clock = f" {seconds:.0f} s" if seconds >= 2 else ""
+            note = f" · {self.note}" if self.note else ""
             self.stream.write(f"\r\033[2K{self.FRAMES[frame % len(self.FRAMES)]} "
-                              f"{self.label}…{extra}")
+                              f"{self.label}…{extra}{clock}{note}")
             self.stream.flush()
             frame += 1
             await asyncio.sleep(0.1)
@@ -456,7 +891,126 @@ class _Style:
         return self._wrap("36", text)
 
 
+# -- what is printed --------------------------------------------------------------------------
+
+_DANGEROUS = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+"""Controls (ESC, BEL, backspace, CR, C1 such as CSI), format characters (bidi overrides,
+zero-width), lone surrogates and line/paragraph separators: never sent to a terminal raw."""
+TEXT_KEEPS = "\n\t\u200c\u200d"
+"""What free text keeps: newlines and tabs, and the zero-width (non-)joiners that Persian,
+Indic scripts and emoji need. Ids keep none of them."""
+
+
+_NAMED = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
+
+
+def visible(text: str, keep: str = TEXT_KEEPS) -> str:
+    """``text`` with every terminal control, format character and lone surrogate shown as an
+    escape (``\\x1b``, ``\\u202e``, ``\\ud800``), so printing it can neither drive the terminal
+    nor fail to encode. Characters in ``keep`` pass unchanged."""
+    if text.isprintable():  # the fast path: C speed for ordinary text
+        return text
+    return "".join(
+        _escape(ch) if ch not in keep and unicodedata.category(ch) in _DANGEROUS else ch
+        for ch in text
+    )
+
+
+def _escape(ch: str) -> str:
+    if ch in _NAMED:
+        return _NAMED[ch]
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _json_escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # astral: a UTF-16 surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def json_text(data: Any, indent: int | None = None) -> str:
+    """``data`` as JSON whose dangerous characters are ``\\u`` escapes (still valid JSON, and
+    the same value when parsed); other non-ASCII text stays readable."""
+    text = json.dumps(data, ensure_ascii=False, default=str, indent=indent)
+    if text.isprintable() or (indent is not None and text.replace("\n", "").isprintable()):
+        return text
+    return "".join(
+        _json_escape(ch) if ch != "\n" and unicodedata.category(ch) in _DANGEROUS else ch
+        for ch in text
+    )
+
+
+def _json_line(data: Any, indent: int | None = None) -> None:
+    print(json_text(data, indent), flush=True)
+
+
+def _safe_streams() -> None:
+    """Output that cannot be encoded becomes ``\\`` escapes instead of an exception."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
+class _LogLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = "warning" if record.levelno >= logging.WARNING else "note"
+        clear = "\r\033[2K" if _isatty(sys.stderr) else ""  # over the spinner's line
+        return f"{clear}{level}: {visible(record.getMessage())}"
+
+
+def _log_to_stderr() -> None:
+    """Cogency's warnings (e.g. learning that failed) as lines; retries arrive as events."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogLine())
+    logger = logging.getLogger("cogency")
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+
+
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def command_hint(args: argparse.Namespace, command: str, *operands: str,
+                 user: str | None = None) -> str:
+    """A ``cogency`` command line that works as printed: ``--user`` (``user``, else this
+    invocation's) and ``--db`` are added when they are not the defaults."""
+    who = user or getattr(args, "user", None)
+    words = ["cogency", command, *operands]
+    if who and who != "default":
+        words += ["--user", who]
+    if getattr(args, "db", None):
+        words += ["--db", args.db]
+    return visible(" ".join(shlex.quote(word) for word in words), keep="")
+
+
+def read_query(query: str | None) -> str:
+    """The query argument, or standard input for ``-`` (or no argument with a pipe)."""
+    from .errors import UsageError
+
+    if query is not None and query != "-":
+        return query
+    if query is None and _isatty(sys.stdin):
+        raise UsageError(
+            "give the query as an argument or on standard input, e.g.: "
+            "cogency run 'What is 2 + 2?'  or  echo 'What is 2 + 2?' | cogency run -"
+        )
+    data = sys.stdin.buffer.read(MAX_QUERY_BYTES + 1)
+    if len(data) > MAX_QUERY_BYTES:
+        raise UsageError(
+            f"the query on standard input is larger than {MAX_QUERY_BYTES // 2**20} MB; "
+            "give the agent a file to read with --tools files instead"
+        )
+    text = data.decode("utf-8", errors="replace").removesuffix("\n")
+    if not text.strip():
+        raise UsageError("the query read from standard input is empty")
+    return text
 
 
 def builtin_tools(spec: str | None, root: Path, *, read_only: bool = False) -> list[Any]:
@@ -510,34 +1064,38 @@ def _store(args: argparse.Namespace) -> Any:
     return open_store(args.db)
 
 
-def _json_line(data: Any) -> None:
-    print(json.dumps(data, ensure_ascii=False, default=str), flush=True)
+def _read_store(args: argparse.Namespace) -> Any:
+    """A read-only store, or ``None`` when the default database does not exist yet (an
+    explicit ``--db`` that does not exist is an error). Never creates a file or directory."""
+    from .storage import default_db_path, open_store
+
+    if args.db is None and not os.environ.get("COGENCY_DB", "").startswith(
+        ("postgresql://", "postgres://", "sqlite:")
+    ) and not default_db_path().exists():
+        return None
+    return open_store(args.db, read_only=True)
+
+
+_SECRET = re.compile(
+    r"://[^/\s]*@"  # user:password@host
+    r"|(?i:(?:key|token|secret|passw(?:or)?d|auth)[\w-]*\s*[=:])"  # API_KEY=…, token: …
+    r"|(?i:\s-{1,2}[\w-]*(?:key|token|secret|passw(?:or)?d|auth)[\w-]*\s)"  # --token …
+)
+"""Credentials in a model spec or MCP command line: ``user:pw@`` in a URL, ``--api-key=…``."""
+
+
+def _has_secret(spec: str) -> bool:
+    """Whether a model spec or MCP command line seems to carry credentials (then it is not
+    stored with the task: resuming it needs ``--llm``/``--mcp`` again)."""
+    return _SECRET.search(spec) is not None
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _iso(value: Any) -> str:
     return value.isoformat(timespec="seconds") if hasattr(value, "isoformat") else str(value or "")
-
-
-def _safe(text: str) -> str:
-    """``text`` with every control, format (bidi, zero-width) or unassigned character shown as
-    an escape, so what a model wrote cannot move the cursor, recolour or reorder the screen."""
-    return "".join(
-        ch if ch == " " or unicodedata.category(ch)[0] not in "CZ"
-        or unicodedata.category(ch) == "Zs" else
-        (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
-         else f"\\U{ord(ch):08x}")
-        for ch in text
-    )
-
-
-def _call_text(call: Any, limit: int) -> str:
-    """``name({args})`` of a call (a dict or an event), escaped and cut at ``limit`` chars."""
-    name = call["name"] if isinstance(call, dict) else call.name
-    args = call["args"] if isinstance(call, dict) else call.args
-    text = _safe(f"{name}({json.dumps(args, ensure_ascii=False, default=str)})")
-    if len(text) > limit:
-        text = text[:limit] + f"… ({len(text) - limit} more characters)"
-    return text
 
 
 def _clip(text: str, limit: int) -> str:
@@ -550,81 +1108,6 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
-
-
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", help="database file or URL (default: $COGENCY_DB or the "
-                                     "user data directory)")
-    common.add_argument("--debug", action="store_true", help="show tracebacks")
-    user = argparse.ArgumentParser(add_help=False)
-    user.add_argument("--user", default="default", help="user id (default: %(default)s)")
-    agent = argparse.ArgumentParser(add_help=False)
-    agent.add_argument("--llm", help="model: openai:MODEL, anthropic:MODEL, gemini:MODEL, "
-                                       "ollama:MODEL, local, local:/path.gguf, or "
-                                       "module:factory (default: $COGENCY_LLM, API keys, local)")
-    agent.add_argument("--tools", default="", help=f"built-in tools, comma separated: "
-                                                   f"{','.join(TOOL_SETS)}")
-    agent.add_argument("--root", default=".", help="directory the files and shell tools are "
-                                                   "confined to (default: current)")
-    agent.add_argument("--mcp", action="append", metavar="COMMAND_OR_URL",
-                       help='an MCP server\'s tools: "command args" (stdio) or an http(s) URL; '
-                            "repeatable")
-    agent.add_argument("--max-iterations", type=int, default=10)
-    agent.add_argument("--yes", "-y", action="store_true",
-                       help="allow every tool call that needs approval, without asking")
-    agent.add_argument("--read-only", action="store_true",
-                       help="give the model only tools that change nothing")
-    running = argparse.ArgumentParser(add_help=False, parents=[agent])
-    running.add_argument("--json", action="store_true", help="events as JSON lines")
-
-    parser = argparse.ArgumentParser(
-        prog="cogency", description="Stateful LLM agents: run tasks, inspect what is stored."
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = commands.add_parser("run", parents=[common, user, running], help="run a task")
-    run.add_argument("query")
-    run.add_argument("--conversation", help="continue this conversation")
-    run.set_defaults(handler=_run)
-    resume = commands.add_parser("resume", parents=[common, user, running],
-                                 help="continue an unfinished task")
-    resume.add_argument("task_id")
-    resume.set_defaults(handler=_run)
-    approve = commands.add_parser("approve", parents=[common, user, running],
-                                  help="decide the tool calls a paused task waits for, then "
-                                       "continue it")
-    approve.add_argument("task_id")
-    approve.add_argument("--deny", action="append", default=[], metavar="CALL_ID",
-                         help="deny this call (repeatable); every other waiting call is allowed")
-    approve.add_argument("--deny-all", action="store_true", help="deny every waiting call")
-    approve.set_defaults(handler=_run)
-    mcp = commands.add_parser("mcp", parents=[common, user, agent],
-                              help="serve an agent over MCP (stdio) for the user")
-    mcp.set_defaults(handler=_mcp)
-    tasks = commands.add_parser(
-        "tasks", parents=[common],
-        help="list unfinished tasks, or: tasks release TASK_ID --user USER (take a task from "
-             "a runner known to be dead)")
-    tasks.add_argument("release", nargs="?", choices=["release"], help=argparse.SUPPRESS)
-    tasks.add_argument("task_id", nargs="?", help=argparse.SUPPRESS)
-    tasks.add_argument("--user", help="only this user's")
-    tasks.add_argument("--json", action="store_true")
-    tasks.set_defaults(handler=_tasks)
-    conversations = commands.add_parser("conversations", parents=[common, user],
-                                        help="list conversations, or: conversations show ID")
-    conversations.add_argument("show", nargs="?", choices=["show"], help=argparse.SUPPRESS)
-    conversations.add_argument("conversation_id", nargs="?")
-    conversations.add_argument("--json", action="store_true")
-    conversations.set_defaults(handler=_conversations)
-    profile = commands.add_parser("profile", parents=[common],
-                                  help="show or forget what is known of a user")
-    profile.add_argument("action", choices=["show", "forget"])
-    profile.add_argument("user_id")
-    profile.set_defaults(handler=_profile)
-    from .server.commands import add_commands  # `serve` and `keys`
-
-    add_commands(commands, common, agent)
-    return parser
 
 
 if __name__ == "__main__":

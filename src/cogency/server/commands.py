@@ -49,7 +49,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
     serve.set_defaults(handler=_serve)
 
     keys = commands.add_parser("keys", help="create, list and revoke API keys of `serve`")
-    actions = keys.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = keys.add_subparsers(dest="action", metavar="ACTION", required=True,
+                                  help="create, list or revoke")
     create = actions.add_parser("create", parents=[common],
                                 help="make a key for a user (printed once, on the last line)")
     create.add_argument("--user", required=True, help="the user the key acts as")
@@ -57,7 +58,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
     create.set_defaults(handler=_keys_create)
     listing = actions.add_parser("list", parents=[common], help="list keys (never the keys)")
     listing.add_argument("--user", help="only this user's")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
     listing.set_defaults(handler=_keys_list)
     revoke = actions.add_parser("revoke", parents=[common], help="stop a key from working")
     revoke.add_argument("key_id", help="the id `keys list` shows (or the whole key)")
@@ -140,7 +141,7 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     store = open_store(args.db)
     try:
         await store.list_api_keys()  # reach (and migrate) the database before listening
-        tools = [*builtin_tools(args.tools, Path(args.root)), *mcp_servers(args.mcp)]
+        tools = [*builtin_tools(args.tools, Path(args.root or ".")), *mcp_servers(args.mcp)]
         agent = Agent(llm=args.llm, tools=tools, store=store, memory=args.memory,
                       max_iterations=args.max_iterations)
         async with agent:

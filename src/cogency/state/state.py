@@ -70,6 +70,7 @@ class State:
         task_id: str | None = None,
         record_query: bool = False,
         runner: str | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> State:
         """Create a task and save its workspace; continue ``conversation_id`` when given.
 
@@ -77,9 +78,12 @@ class State:
         conversation history that fits ``history_tokens`` (all of it stays in the database).
         ``record_query`` also stores the query as the conversation's next user message, and
         ``runner`` holds the task for that runner (as ``Store.claim_task``), both in the same
-        transaction.
+        transaction. ``settings`` (a JSON object) is stored with the task as
+        ``TaskRecord.settings``, for whoever resumes it.
         """
         check_id(user_id, "user_id")
+        if settings is not None and not isinstance(settings, dict):
+            raise UsageError("settings must be a dict of JSON values")
         if not isinstance(query, str):
             raise UsageError("query must be a string")
         query = scrub_surrogates(query)  # no database can store a lone surrogate
@@ -103,6 +107,7 @@ class State:
                 query=query,
                 workspace=state.workspace.to_dict(),
                 runner=runner,
+                settings=dict(settings or {}),
             ),
             conversation.to_dict(),
             first,
@@ -273,17 +278,41 @@ def _message(state: State, role: str, content: str, **extra: Any) -> dict[str, A
 
 
 def check_id(value: Any, name: str) -> str:
-    """Reject ids that cannot be right (empty, not text, huge, control characters)."""
+    """Reject ids that cannot be right: empty, not text, huge, control characters, or able to
+    pass for another id.
+
+    Ids are compared exactly, so two ids that print alike would be two users (or tasks) shown
+    identically. An id must therefore be in Unicode normal form NFKC (``"ａlice"`` with a
+    fullwidth letter is refused and ``"alice"`` suggested) and hold no invisible format
+    characters (zero-width spaces and joiners, bidi overrides). Such ids are refused, never
+    rewritten: rewriting would silently merge two stored ids into one.
+    """
     if not isinstance(value, str) or not value.strip():
         raise UsageError(f"{name} must be a non-empty string, not {value!r}")
-    if len(value) > MAX_ID_LENGTH or any(
-        unicodedata.category(ch) in ("Cc", "Cs") for ch in value
-    ):
+    categories = {unicodedata.category(ch) for ch in value}
+    if len(value) > MAX_ID_LENGTH or categories & {"Cc", "Cs", "Zl", "Zp"}:
         raise UsageError(
             f"{name} {value[:40]!r} is not a valid id: use at most {MAX_ID_LENGTH} printable "
             "characters"
         )
+    if "Cf" in categories:
+        raise UsageError(
+            f"{name} {value[:40]!r} holds invisible characters (zero-width or bidi controls) "
+            f"that would make it look like another id; use {_plain(value)[:40]!r}"
+        )
+    if not unicodedata.is_normalized("NFKC", value):
+        raise UsageError(
+            f"{name} {value[:40]!r} has characters that look like others (e.g. fullwidth "
+            f"letters); ids must be in Unicode NFKC form: use {_plain(value)[:40]!r}"
+        )
     return value
+
+
+def _plain(value: str) -> str:
+    """``value`` in NFKC without format characters: the id it passes for."""
+    return "".join(
+        ch for ch in unicodedata.normalize("NFKC", value) if unicodedata.category(ch) != "Cf"
+    )
 
 
 def _conversation_from(

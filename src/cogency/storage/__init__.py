@@ -35,7 +35,9 @@ def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Sto
     """A ready store for ``url``; nothing connects until first use.
 
     ``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``sqlite://:memory:``, a plain path,
-    or ``postgresql://…``. ``None`` means ``$COGENCY_DB`` or the default file.
+    or ``postgresql://…``. ``None`` means ``$COGENCY_DB`` or the default file. ``options``
+    go to the store; ``read_only=True`` (both backends) opens without creating, migrating or
+    writing anything.
     """
     if url is None:
         url = os.environ.get(ENV_VAR) or default_db_path()

@@ -13,7 +13,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from .. import _time
 from .._json import dumps, loads
-from ..errors import CorruptDataError, LeaseLostError, TaskRunningError
+from ..errors import (
+    CorruptDataError,
+    LeaseLostError,
+    SchemaTooNewError,
+    StorageError,
+    TaskRunningError,
+)
 from ..memory.profile import Profile
 
 MIGRATION_NAMES = (
@@ -24,6 +30,7 @@ MIGRATION_NAMES = (
     "m005_forget_generation",
     "m006_approvals",
     "m007_service",
+    "m008_task_settings",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
 
@@ -43,6 +50,8 @@ class TaskRecord:
     epoch: int = 0
     """Bumped by every claim and force-release: the writes of a run carry the epoch its claim
     returned, and are refused once the row has another (the run lost its hold)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """What the task's starter stored to run it again (the CLI: its tools, root and model)."""
     pending_approvals: list[dict[str, Any]] = field(default_factory=list)
     """The tool calls this task waits on a person to allow (see :data:`APPROVAL_STATUSES`);
     filled by ``load_task`` and ``list_tasks``."""
@@ -334,7 +343,7 @@ def conversation_record(row: Any) -> ConversationRecord:
 
 def task_record(row: Any, text: Callable[[str], str] = str) -> TaskRecord:
     """A ``task_workspaces`` row as a record; ``text`` reads the stored query."""
-    task_id, user_id, conversation_id, query, data, version, runner, updated, epoch = row
+    task_id, user_id, conversation_id, query, data, version, runner, updated, epoch, settings = row
     return TaskRecord(
         task_id,
         user_id,
@@ -345,6 +354,7 @@ def task_record(row: Any, text: Callable[[str], str] = str) -> TaskRecord:
         runner,
         _time.parse(updated) if updated else None,
         epoch,
+        decode(settings or "{}", "task_workspaces", task_id, "settings"),
     )
 
 
@@ -363,6 +373,37 @@ def task_running(task_id: str, until: datetime | None = None) -> TaskRunningErro
         "stop, then resume it. If its runner is known to be dead: "
         "`cogency tasks release TASK_ID --user USER`"
     )
+
+
+def too_new(done: set[str]) -> SchemaTooNewError | None:
+    """The error for a database with schema steps (``done``) this Cogency does not know."""
+    unknown = done - set(MIGRATION_NAMES)
+    if not unknown:
+        return None
+    return SchemaTooNewError(
+        f"the database has schema steps this Cogency does not know ({', '.join(sorted(unknown))}): "
+        "it was written by a newer Cogency; upgrade cogency to open it"
+    )
+
+
+def schema_problem(done: set[str], where: str) -> StorageError | None:
+    """Why a database whose applied steps are ``done`` cannot be read without migrating it."""
+    newer = too_new(done)
+    if newer is not None:
+        return newer
+    if not done:
+        return StorageError(
+            f"the database {where} holds no Cogency tables: nothing was ever stored in it, or it "
+            "belongs to another program; check the path"
+        )
+    missing = [name for name in MIGRATION_NAMES if name not in done]
+    if missing:
+        return StorageError(
+            f"the database {where} has an older schema (missing {', '.join(missing)}) and was "
+            "opened read-only, so it cannot be upgraded here: open it once for writing (run a "
+            "task on it, or open a store on it without read_only), then read it again"
+        )
+    return None
 
 
 def approval_record(row: Any) -> dict[str, Any]:

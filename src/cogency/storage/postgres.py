@@ -29,7 +29,6 @@ from ..errors import (
     ConversationBusyError,
     ForgottenError,
     NotFoundError,
-    SchemaTooNewError,
     StorageError,
     StoreLockedError,
     StoreUnavailableError,
@@ -56,10 +55,12 @@ from .base import (
     legacy_messages,
     no_conversation,
     no_workspace,
+    abandon_runner,
     runner_alive,
+    schema_problem,
     task_record,
     task_running,
-    abandon_runner,
+    too_new,
 )
 
 if TYPE_CHECKING:
@@ -278,6 +279,12 @@ async def _m007_service(db: asyncpg.Connection) -> None:
     )
 
 
+async def _m008_task_settings(db: asyncpg.Connection) -> None:
+    # What the task's starter needs to run it again as it was started (the CLI keeps its
+    # tools, root and model here), so a resume does not silently run with other tools.
+    await db.execute("ALTER TABLE task_workspaces ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -286,6 +293,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m005_forget_generation", _m005_forget_generation),
     ("m006_approvals", _m006_approvals),
     ("m007_service", _m007_service),
+    ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -303,13 +311,9 @@ async def migrate(db: asyncpg.Connection, upto: str | None = None) -> list[str]:
             "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
         done = {row[0] for row in await db.fetch("SELECT name FROM schema_migrations")}
-        unknown = done - set(MIGRATION_NAMES)
-        if unknown:
-            raise SchemaTooNewError(
-                f"the database has schema steps this Cogency does not know "
-                f"({', '.join(sorted(unknown))}): it was written by a newer Cogency; "
-                "upgrade cogency to open it"
-            )
+        newer = too_new(done)
+        if newer is not None:
+            raise newer
         if not done and await db.fetchval("SELECT to_regclass('user_profiles') IS NOT NULL"):
             done.add("m001_initial")  # a seed-era database made without migrations
             await db.execute(
@@ -329,6 +333,19 @@ async def migrate(db: asyncpg.Connection, upto: str | None = None) -> list[str]:
         return applied
 
 
+async def _check_schema(db: asyncpg.Connection, where: str) -> None:
+    """Raise unless the schema is current; never changes it (for read-only stores)."""
+    if await db.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        done = {row[0] for row in await db.fetch("SELECT name FROM schema_migrations")}
+    elif await db.fetchval("SELECT to_regclass('user_profiles') IS NOT NULL"):
+        done = {"m001_initial"}
+    else:
+        done = set()
+    problem = schema_problem(done, repr(where))
+    if problem is not None:
+        raise problem
+
+
 # -- the store ------------------------------------------------------------------------------
 
 
@@ -341,6 +358,10 @@ class PostgresStore:
     :class:`~cogency.errors.StoreUnavailableError`. Tasks being run are held through one session
     advisory lock on one extra connection per store (taken once, named in the task rows), so a
     process that dies frees its tasks at once, and holding a task costs no round trip.
+
+    ``read_only=True`` never migrates or writes (every session is read-only): a database with
+    an older schema is a :class:`~cogency.errors.StorageError` saying to open it once for
+    writing.
 
     ``synchronous_commit=None`` keeps the server's setting (by default every commit waits for
     its disk flush, a few ms on ordinary disks). ``False`` answers before the flush: a crash of
@@ -360,6 +381,7 @@ class PostgresStore:
         lock_timeout: float = 10.0,
         command_timeout: float | None = 60.0,
         synchronous_commit: bool | None = None,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.startswith(("postgresql://", "postgres://")):
             raise UsageError(
@@ -375,6 +397,7 @@ class PostgresStore:
         self.lock_timeout = lock_timeout
         self.command_timeout = command_timeout
         self.synchronous_commit = synchronous_commit
+        self.read_only = read_only
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
@@ -437,7 +460,10 @@ class PostgresStore:
             raise self._connect_error(exc) from exc
         try:
             async with pool.acquire(timeout=self.acquire_timeout) as db:
-                await migrate(db)
+                if self.read_only:
+                    await _check_schema(db, redact(self.dsn))
+                else:
+                    await migrate(db)
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, CogencyError) or not isinstance(exc, Exception):
@@ -458,6 +484,8 @@ class PostgresStore:
             settings["synchronous_commit"] = "off"
         elif self.synchronous_commit is not None:
             settings["synchronous_commit"] = "on" if self.synchronous_commit else "off"
+        if self.read_only:
+            settings["default_transaction_read_only"] = "on"
         return settings
 
     def _forget_loop(self) -> None:
@@ -857,6 +885,7 @@ class PostgresStore:
                         [m.get("created_at") or stamp.isoformat() for m in messages],
                         [m.get("id") for m in messages],
                         known, 0 if history_tokens is None else _MESSAGE_BATCH,
+                        dumps(task.settings),
                     )
                 except driver.exceptions.UniqueViolationError as exc:
                     raise ConflictError(
@@ -1175,7 +1204,7 @@ class PostgresStore:
 
 _TASK_COLUMNS = (
     "SELECT task_id, user_id, conversation_id, query, workspace_data::text, version, runner, "
-    "updated_at, epoch FROM task_workspaces"
+    "updated_at, epoch, settings FROM task_workspaces"
 )
 _CONVERSATION_COLUMNS = (
     "SELECT conversation_id, user_id, conversation_data::text, message_count, updated_at "
@@ -1270,7 +1299,8 @@ _BEGIN = (
     # $20 how many newer messages to return (newest first). Rows: kind 0 the conversation
     # (data, seq before the first new message, updated_at) when the task was stored; kind 1 the
     # messages after $19 as they were before this statement; kind 2 the created_at of seq $19
-    # (to check a cached window); kind 3 when the conversation is another user's.
+    # (to check a cached window); kind 3 when the conversation is another user's. $21 the
+    # task's settings.
     "WITH existing AS (SELECT user_id, conversation_data::text AS data, updated_at "
     "FROM conversations WHERE conversation_id = $4), "
     "mine AS (SELECT 1 FROM existing WHERE user_id = $1), "
@@ -1291,9 +1321,9 @@ _BEGIN = (
     "conv AS (SELECT data, base, updated_at FROM created UNION ALL "
     "SELECT e.data, c.base, c.updated_at FROM existing e, counter c), "
     "task AS (INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-    "workspace_data, version, runner, updated_at, epoch, lease_holder) "
-    "SELECT $6, $1, $4, $7, $8::json, $9::int, $10::text, $3, $11::int, $12::bigint "
-    "FROM conv RETURNING 1), "
+    "workspace_data, version, runner, updated_at, epoch, lease_holder, settings) "
+    "SELECT $6, $1, $4, $7, $8::json, $9::int, $10::text, $3, $11::int, $12::bigint, "
+    "$21::text FROM conv RETURNING 1), "
     "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
     "tokens, created_at, message_id) SELECT $4, conv.base + m.ord, m.role, m.content, "
     "m.task_id, m.tokens, m.created_at, m.message_id FROM conv, m "

@@ -18,7 +18,6 @@ from ..errors import (
     ConversationBusyError,
     ForgottenError,
     NotFoundError,
-    SchemaTooNewError,
     StorageError,
     StoreLockedError,
     UsageError,
@@ -46,8 +45,10 @@ from .base import (
     no_conversation,
     no_workspace,
     runner_alive,
+    schema_problem,
     task_record,
     task_running,
+    too_new,
 )
 
 T = TypeVar("T")
@@ -210,6 +211,12 @@ def _m006_approvals(db: sqlite3.Connection) -> None:
     )
 
 
+def _m008_task_settings(db: sqlite3.Connection) -> None:
+    # What the task's starter needs to run it again as it was started (the CLI keeps its
+    # tools, root and model here), so a resume does not silently run with other tools.
+    db.execute("ALTER TABLE task_workspaces ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+
+
 def _script(db: sqlite3.Connection, sql: str) -> None:
     # executescript() would COMMIT first; a migration must stay inside its transaction.
     statement = ""
@@ -262,6 +269,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m005_forget_generation", _m005_forget_generation),
     ("m006_approvals", _m006_approvals),
     ("m007_service", _m007_service),
+    ("m008_task_settings", _m008_task_settings),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -275,12 +283,9 @@ def migrate(db: sqlite3.Connection, upto: str | None = None) -> list[str]:
             "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
         done = {row[0] for row in db.execute("SELECT name FROM schema_migrations")}
-        unknown = done - set(MIGRATION_NAMES)
-        if unknown:
-            raise SchemaTooNewError(
-                f"the database has schema steps this Cogency does not know ({', '.join(sorted(unknown))}): "
-                "it was written by a newer Cogency; upgrade cogency to open it"
-            )
+        newer = too_new(done)
+        if newer is not None:
+            raise newer
         if not done and _has_table(db, "user_profiles"):
             done.add("m001_initial")  # a seed-era database made without migrations
             db.execute(
@@ -303,6 +308,13 @@ def migrate(db: sqlite3.Connection, upto: str | None = None) -> list[str]:
         raise
 
 
+def _applied(db: sqlite3.Connection) -> set[str]:
+    """The schema steps applied to ``db`` (a seed-era file counts as having the first)."""
+    if _has_table(db, "schema_migrations"):
+        return {row[0] for row in db.execute("SELECT name FROM schema_migrations")}
+    return {"m001_initial"} if _has_table(db, "user_profiles") else set()
+
+
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     row = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
     return row.fetchone() is not None
@@ -317,6 +329,11 @@ class SQLiteStore:
     A running task is held by a lease of ``lease`` seconds that this store renews while the
     run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
     holds nothing, and ``force_release`` takes a task from one known to be dead.
+
+    ``read_only=True`` never creates, migrates or writes anything: a missing file is a
+    :class:`~cogency.errors.NotFoundError`, a file with an older schema a
+    :class:`~cogency.errors.StorageError` saying to open it once for writing, and writes raise
+    :class:`~cogency.errors.UsageError`. It reads files the process may not write.
     """
 
     def __init__(
@@ -325,10 +342,12 @@ class SQLiteStore:
         *,
         busy_timeout: float = BUSY_TIMEOUT_MS / 1000,
         lease: float = LEASE_SECONDS,
+        read_only: bool = False,
     ) -> None:
         if lease <= 0:
             raise UsageError("lease must be a positive number of seconds")
         self.path = str(path)
+        self.read_only = read_only
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self.lease = lease
         self._held: dict[str, tuple[str, int]] = {}
@@ -348,6 +367,9 @@ class SQLiteStore:
         if self._closed:
             raise UsageError("this store is closed; open a new one")
         if self._db is not None:
+            return self._db
+        if self.read_only:
+            self._db = self._connect_read_only()
             return self._db
         if self.path != ":memory:":
             try:
@@ -379,6 +401,47 @@ class SQLiteStore:
         self._db = db
         return db
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            raise UsageError("an in-memory database cannot be opened read-only: it is empty")
+        path = Path(self.path).expanduser()
+        if not path.is_file():
+            raise NotFoundError(
+                f"there is no database at {self.path!r} (nothing was ever stored there); "
+                "check the path"
+            )
+        uri = path.resolve().as_uri()
+        db: sqlite3.Connection | None = None
+        try:
+            try:
+                db = self._open_uri(f"{uri}?mode=ro")
+            except sqlite3.OperationalError:
+                # A WAL file in a place this process cannot write (no -shm can be made):
+                # read it as immutable, which is what such a file is to this process.
+                db = self._open_uri(f"{uri}?mode=ro&immutable=1")
+            problem = schema_problem(_applied(db), repr(self.path))
+            if problem is not None:
+                raise problem
+        except BaseException as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _storage_error(exc, self.path) from exc
+            raise
+        return db
+
+    def _open_uri(self, uri: str) -> sqlite3.Connection:
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
+                             timeout=self._busy_timeout_ms / 1000)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            db.execute("PRAGMA query_only = ON")
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # opens the file now
+        except BaseException:
+            db.close()
+            raise
+        return db
+
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="cogency-sqlite")
@@ -402,6 +465,8 @@ class SQLiteStore:
     ) -> Callable[[sqlite3.Connection], T]:
         """``fn`` in one write transaction; ``wait=False`` fails at once on a held lock
         instead of waiting up to the busy timeout (for what can be skipped or done later)."""
+        if self.read_only:
+            raise UsageError(f"the database {self.path!r} was opened read-only; nothing was written")
 
         def transaction(db: sqlite3.Connection) -> T:
             if not wait:
@@ -473,11 +538,12 @@ class SQLiteStore:
             try:
                 db.execute(
                     "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-                    "workspace_data, version, runner, updated_at, epoch, lease_until) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "workspace_data, version, runner, updated_at, epoch, lease_until, settings) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (task.task_id, task.user_id, task.conversation_id, task.query,
                      dumps(task.workspace), task.version, task.runner, stamp,
-                     1 if task.runner else 0, self._lease_end() if task.runner else None),
+                     1 if task.runner else 0, self._lease_end() if task.runner else None,
+                     dumps(task.settings)),
                 )
             except sqlite3.IntegrityError as exc:
                 raise ConflictError(
@@ -1067,7 +1133,7 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
 
 _TASK_COLUMNS = (
     "SELECT task_id, user_id, conversation_id, query, workspace_data, version, runner, "
-    "updated_at, epoch FROM task_workspaces"
+    "updated_at, epoch, settings FROM task_workspaces"
 )
 _SELECT_MESSAGES = (
     "SELECT seq, role, content, task_id, tokens, created_at, message_id "
