@@ -29,8 +29,9 @@ class Caller:
     _store: Store
     _runs: Runs
 
-    async def conversations(self) -> list[ConversationRecord]:
-        return await self._store.list_conversations(self.user_id)
+    async def conversations(self, limit: int | None = None) -> list[ConversationRecord]:
+        """Newest first (the ``limit`` newest)."""
+        return await self._store.list_conversations(self.user_id, limit=limit)
 
     async def conversation(self, conversation_id: str) -> ConversationRecord:
         return await self._store.load_conversation(conversation_id, self.user_id)

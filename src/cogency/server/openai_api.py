@@ -6,14 +6,20 @@ Which Cogency conversation a request continues:
 - ``/v1/responses``: ``previous_response_id`` continues the conversation of that response
   (its id carries the conversation's id, so this survives restarts and works on any replica);
 - either endpoint: ``metadata: {"conversation_id": ID}`` continues that conversation;
+- ``/v1/chat/completions`` naming none, with earlier turns (what a chat UI resends): the
+  conversation whose stored text is exactly those turns, in order (the user's queries and
+  Cogency's final answers; tool calls and results are not turns), sought among the key's
+  user's ``RECENT`` most recently updated conversations, the newest match first. Turns that
+  match none are a 400 (``param: "messages"``) that says how to continue: Cogency never
+  guesses a conversation nor answers without context the client shows its user;
 - otherwise a new conversation, whose id the reply carries (``conversation_id`` at the top
   level and in ``metadata``, and the ``X-Cogency-Conversation-Id`` header).
 
 Cogency keeps each conversation's history itself: the query is the last user message, and
-earlier messages a client resends are not sent to the model again (a request that carries
-earlier turns without naming a conversation gets a 400 saying so). Fields Cogency cannot
-honour (``tools``, ``n`` > 1, ``temperature``, system instructions, …) get a 400 in OpenAI's
-error shape naming the field, never silent ignoring.
+earlier messages a client resends are not sent to the model again (``/v1/responses`` input
+with earlier turns but no ``previous_response_id`` gets a 400 saying so). Fields Cogency
+cannot honour (``tools``, ``n`` > 1, ``temperature``, system instructions, …) get a 400 in
+OpenAI's error shape naming the field, never silent ignoring.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(caller)], tags=["openai"]
 MODEL = "cogency"
 """The id ``/v1/models`` lists: the served agent (whatever model it reasons with)."""
 _HEADER = "X-Cogency-Conversation-Id"
+RECENT = 50
+"""How many of the user's newest conversations a resent chat history is matched against."""
 
 
 class ModelNotFound(ServiceError):
@@ -92,7 +100,10 @@ async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> A
         raise Unsupported("n must be 1: the agent gives one answer per run", "n")
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     conversation = (body.metadata or {}).get("conversation_id")
-    query = _query(body.messages, conversation is not None, "messages")
+    query = _query(body.messages, "messages")
+    if conversation is None and len(body.messages) > 1:
+        conversation = await _resent(me, [(m["role"], _text(m.get("content"), "messages"))
+                                          for m in body.messages[:-1]])
     run = await me.run(query, conversation)
     created = int(time.time())
     if body.stream:
@@ -127,7 +138,12 @@ async def responses(body: ResponsesRequest, me: Caller = Depends(caller)) -> Any
         conversation = _conversation_of(body.previous_response_id)
     items = ([{"role": "user", "content": body.input}] if isinstance(body.input, str)
              else body.input)
-    query = _query(items, conversation is not None, "input")
+    query = _query(items, "input")
+    if len(items) > 1 and conversation is None:
+        raise Unsupported(
+            "input holds earlier turns but names no conversation: Cogency keeps the history "
+            "itself; continue with previous_response_id (or metadata.conversation_id), or "
+            "send only the new user message", "input")
     run = await me.run(query, conversation)
     created = int(time.time())
     if body.stream:
@@ -172,7 +188,7 @@ def _text(content: Any, where: str) -> str:
     raise Unsupported("message content must be text or a list of text parts", where)
 
 
-def _query(items: list[dict[str, Any]], continuing: bool, where: str) -> str:
+def _query(items: list[dict[str, Any]], where: str) -> str:
     """The last user message, after checking the rest of ``items`` can be honoured."""
     for item in items:
         role = item.get("role")
@@ -183,15 +199,54 @@ def _query(items: list[dict[str, Any]], continuing: bool, where: str) -> str:
                 "assistant messages (the agent has its own instructions and tools)", where)
     if items[-1].get("role") != "user":
         raise Unsupported(f"the last of {where} must be a user message: it is the query", where)
-    if len(items) > 1 and not continuing:
-        raise Unsupported(
-            f"{where} holds earlier turns but names no conversation: Cogency keeps the history "
-            "itself; continue with metadata.conversation_id (or previous_response_id), or "
-            "send only the new user message", where)
     query = _text(items[-1].get("content"), where)
     if not query.strip():
         raise Unsupported("the last user message is empty", where)
     return query
+
+
+async def _resent(me: Caller, turns: list[tuple[str, str]]) -> str:
+    """The conversation of ``me``'s ``RECENT`` newest whose turns are ``turns``; 400 if none.
+
+    Cheap first: a conversation with fewer messages than ``turns``, or whose newest message
+    is a turn other than the last of ``turns``, is passed over unread."""
+    for record in await me.conversations(limit=RECENT):
+        if record.message_count < len(turns):
+            continue
+        try:
+            newest = await me.messages(record.conversation_id, limit=1)
+            if newest and _turn(newest[-1]) not in (None, turns[-1]):
+                continue
+            stored = await me.messages(record.conversation_id, limit=record.message_count)
+        except NotFoundError:  # forgotten meanwhile
+            continue
+        if [turn for turn in map(_turn, stored) if turn is not None] == turns:
+            return record.conversation_id
+    raise Unsupported(
+        f"messages holds {len(turns)} earlier turns that match none of your {RECENT} most "
+        "recent conversations (your messages and Cogency's answers, unchanged and in order), "
+        "and Cogency will not guess: continue one with metadata.conversation_id, resend its "
+        "turns unchanged, or send only the new user message to start a new conversation",
+        "messages")
+
+
+def _turn(message: dict[str, Any]) -> tuple[str, str] | None:
+    """A stored message as a chat client shows it: a user query or a final answer (None for
+    tool results and for the assistant steps that call tools)."""
+    role, content = message["role"], message["content"]
+    if role == "user" or (role == "assistant" and not _is_step(content)):
+        return role, content
+    return None
+
+
+def _is_step(content: str) -> bool:
+    if not content.startswith('{"actions"'):
+        return False
+    try:
+        step = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(step, dict) and list(step) == ["actions"]
 
 
 def _response_id(conversation_id: str, task_id: str) -> str:

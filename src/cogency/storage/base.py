@@ -217,7 +217,11 @@ class Store(Protocol):
         not ``approved``): a call marked running is never started again."""
         ...
 
-    async def list_conversations(self, user_id: str) -> list[ConversationRecord]: ...
+    async def list_conversations(
+        self, user_id: str, *, limit: int | None = None
+    ) -> list[ConversationRecord]:
+        """The user's conversations, most recently updated first (the ``limit`` newest)."""
+        ...
 
     async def forget_user(self, user_id: str) -> None:
         """Delete the user's profile, conversations, messages and workspaces together, and

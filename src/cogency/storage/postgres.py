@@ -1071,12 +1071,14 @@ class PostgresStore:
 
         return await self._read("loading a conversation", work)
 
-    async def list_conversations(self, user_id: str) -> list[ConversationRecord]:
+    async def list_conversations(
+        self, user_id: str, *, limit: int | None = None
+    ) -> list[ConversationRecord]:
         async def work(db: asyncpg.Connection) -> list[ConversationRecord]:
             rows = await db.fetch(
                 _CONVERSATION_COLUMNS + " WHERE user_id = $1 "
-                "ORDER BY updated_at DESC, conversation_id",
-                user_id,
+                "ORDER BY updated_at DESC, conversation_id LIMIT $2",
+                user_id, limit,
             )
             return [conversation_record(row) for row in rows]
 

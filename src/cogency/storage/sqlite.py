@@ -793,12 +793,14 @@ class SQLiteStore:
             lambda db: _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
         )
 
-    async def list_conversations(self, user_id: str) -> list[ConversationRecord]:
+    async def list_conversations(
+        self, user_id: str, *, limit: int | None = None
+    ) -> list[ConversationRecord]:
         def work(db: sqlite3.Connection) -> list[ConversationRecord]:
             rows = db.execute(
                 "SELECT conversation_id, user_id, conversation_data, message_count, updated_at "
-                "FROM conversations WHERE user_id = ? ORDER BY updated_at DESC",
-                (user_id,),
+                "FROM conversations WHERE user_id = ? ORDER BY updated_at DESC LIMIT ?",
+                (user_id, -1 if limit is None else limit),
             )
             return [conversation_record(row) for row in rows]
 
