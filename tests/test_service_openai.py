@@ -147,3 +147,69 @@ def test_a_call_waiting_for_approval_is_a_409_that_says_where_to_decide(served):
     assert error["code"] == "awaiting_approval" and "file_write" in error["message"]
     assert "/approvals" in error["message"]
     assert not (tmp / "root" / "x.txt").exists()
+
+
+def conversations_of(db, user):
+    connection = sqlite3.connect(db)
+    try:
+        return {row[0] for row in connection.execute(
+            "SELECT conversation_id FROM conversations WHERE user_id = ?", (user,))}
+    finally:
+        connection.close()
+
+
+def test_a_chat_ui_resending_the_whole_history_continues_one_conversation(served):
+    state, keys, db, _ = served
+    ai = client(state["server"], keys["alice"])
+    before = conversations_of(db, "alice")
+    history = [{"role": "user", "content": "tool first"}]
+    first = ai.chat.completions.create(model="cogency", messages=history)
+    assert first.choices[0].message.content == "listed: tool first"  # after a tool call
+    conversation = first.model_extra["conversation_id"]
+    history += [{"role": "assistant", "content": "listed: tool first"},
+                {"role": "user", "content": "my name is Ada"}]
+    second = ai.chat.completions.create(model="cogency", messages=history)
+    assert second.choices[0].message.content == "echo: my name is Ada"
+    assert second.model_extra["conversation_id"] == conversation
+    history += [{"role": "assistant", "content": "echo: my name is Ada"},
+                {"role": "user", "content": "recall"}]
+    chunks = list(ai.chat.completions.create(model="cogency", messages=history, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        "you said: tool first"  # the model had the history: Cogency's, not resent
+    assert {c.model_extra["conversation_id"] for c in chunks} == {conversation}
+    assert conversations_of(db, "alice") == before | {conversation}
+    stored = messages(db, conversation)
+    assert [(role, content) for _, role, content in stored if role != "tool"
+            and not content.startswith('{"actions"')] == [
+        ("user", "tool first"), ("assistant", "listed: tool first"),
+        ("user", "my name is Ada"), ("assistant", "echo: my name is Ada"),
+        ("user", "recall"), ("assistant", "you said: tool first")]
+    assert [role for _, role, _ in stored].count("tool") == 1
+    assert {user for user, _, _ in stored} == {"alice"}
+    whole = [*history, {"role": "assistant", "content": "you said: tool first"}]
+
+    # bob resending alice's history word for word does not reach her conversation
+    bob = client(state["server"], keys["bob"])
+    with pytest.raises(openai.BadRequestError) as caught:
+        bob.chat.completions.create(model="cogency",
+                                    messages=[*whole, {"role": "user", "content": "recall"}])
+    assert caught.value.body["param"] == "messages"
+    assert conversation not in conversations_of(db, "bob")
+
+    # an edited history matches nothing: a 400 that says how to go on, and nothing stored
+    edited = [{**whole[0], "content": "tool second"}, *whole[1:]]
+    for changed in (edited, whole[:-2] + whole[-1:], whole[2:]):
+        with pytest.raises(openai.BadRequestError) as caught:
+            ai.chat.completions.create(
+                model="cogency", messages=[*changed, {"role": "user", "content": "go on"}])
+        error = caught.value.body
+        assert error["param"] == "messages" and "metadata.conversation_id" in error["message"]
+    assert messages(db, conversation) == stored
+    assert conversations_of(db, "alice") == before | {conversation}
+
+    # the whole history, unchanged, still continues it
+    again = ai.chat.completions.create(
+        model="cogency", messages=[*whole, {"role": "user", "content": "go on"}])
+    assert again.model_extra["conversation_id"] == conversation
+    assert messages(db, conversation)[-2:] == [("alice", "user", "go on"),
+                                               ("alice", "assistant", "echo: go on")]
