@@ -301,6 +301,9 @@ async def run_rounds(
     """Kill ``kills`` workers; check and resume after each. Returns the figures."""
     workdir.mkdir(parents=True, exist_ok=True)
     db, side, log = workdir / "crash.db", workdir / "side.txt", workdir / "committed.log"
+    # Start clean: a log or side file left by an earlier run would not match a new database.
+    for stale in (db, side, log, *(db.with_name(db.name + end) for end in ("-wal", "-shm"))):
+        stale.unlink(missing_ok=True)
     rng = random.Random(seed)
     figures = Figures()
     started = time.monotonic()
