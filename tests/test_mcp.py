@@ -140,11 +140,29 @@ async def test_real_servers_tools_through_agent_run(npm_servers, tmp_path, db_pa
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
-    # Approval: MCP tools wait for a person unless the server or the tool is trusted.
-    tools = {t.name: t for t in await everything.list_tools()}
-    assert tools["echo"].needs_approval is False
-    assert tools["get-sum"].needs_approval is True
-    await everything.aclose()
+
+async def test_mcp_tools_wait_for_approval_unless_trusted(npm_servers, db_path, db):
+    everything = MCPServer([mcp_servers.npm_bin("mcp-server-everything")], trusted={"echo"})
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], trusted=True,
+                     start_timeout=20)
+    llm = ScriptedLLM([
+        step([call("echo", message="trusted tool"), call("say", text="trusted server"),
+              call("get-sum", a=1, b=2)]),
+        step(response="3"),
+    ])
+    async with Agent(llm=llm, tools=[everything, stub], store=str(db_path)) as agent:
+        paused = await agent.run("add", user_id="alice")
+        assert paused.stop_reason == "awaiting_approval"
+        (pending,) = paused.pending_approvals
+        assert (pending["name"], pending["args"]) == ("get-sum", {"a": 1, "b": 2})
+        # Approved later: the call reaches the real server then, once.
+        done = await agent.resume(paused.task_id, user_id="alice",
+                                  approvals={pending["id"]: True})
+    assert done.stop_reason == "completed" and done.response == "3"
+    results = [m for role, m in stored(db, done.conversation_id) if role == "tool"]
+    assert [(r["name"], r["output"].split(" (pid")[0]) for r in results] == [
+        ("echo", "Echo: trusted tool"), ("say", "said: trusted server"),
+        ("get-sum", "The sum of 1 and 2 is 3.")]
 
 
 def _free_port() -> int:

@@ -16,25 +16,30 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 TESTS = Path(__file__).parent
 
 
-def step(response):
+def step(response, actions=()):
     return {"secure": True, "objective": "answer", "understanding": "", "approach": "",
-            "discoveries": "", "response": response, "actions": []}
+            "discoveries": "", "response": response, "actions": list(actions)}
 
 
-async def test_an_agent_served_over_mcp_remembers_the_conversation(tmp_path, db_path, db):
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps([step("Hello Ada."), step("You are Ada.")]))
-    server = StdioServerParameters(
+def cogency_mcp(tmp_path, db_path, script, *extra):
+    """``cogency mcp`` as an MCP host starts it, its model replaying ``script``."""
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    return StdioServerParameters(
         command=sys.executable,
         args=["-m", "cogency.cli", "mcp", "--db", str(db_path), "--llm", "cli_models:scripted",
-              "--user", "alice"],
-        env={"COGENCY_TEST_SCRIPT": str(script),
+              "--user", "alice", *extra],
+        env={"COGENCY_TEST_SCRIPT": str(tmp_path / "script.json"),
              "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
         cwd=str(tmp_path),
     )
+
+
+async def test_an_agent_served_over_mcp_remembers_the_conversation(tmp_path, db_path, db):
+    server = cogency_mcp(tmp_path, db_path, [step("Hello Ada."), step("You are Ada.")])
     async with Client(server, read_timeout_seconds=60) as client:
-        (ask,) = (await client.list_tools()).tools
-        assert ask.name == "ask" and "conversation_id" in ask.input_schema["properties"]
+        ask, decide = (await client.list_tools()).tools
+        assert (ask.name, decide.name) == ("ask", "decide")
+        assert "conversation_id" in ask.input_schema["properties"]
         assert ask.input_schema["required"] == ["query"]
 
         first = await client.call_tool("ask", {"query": "I am Ada."})
@@ -61,3 +66,28 @@ async def test_an_agent_served_over_mcp_remembers_the_conversation(tmp_path, db_
     assert rows == [("user", "I am Ada.", "alice"), ("assistant", "Hello Ada.", "alice"),
                     ("user", "Who am I?", "alice"), ("assistant", "You are Ada.", "alice")]
     assert db.execute("SELECT count(*) FROM task_workspaces").fetchone() == (0,)
+
+
+async def test_calls_that_need_approval_are_decided_by_the_mcp_host(tmp_path, db_path, db):
+    write = {"name": "file_write", "args": {"path": "note.txt", "content": "from the host"}}
+    server = cogency_mcp(tmp_path, db_path, [step(None, [write]), step("Written.")],
+                         "--tools", "files", "--root", str(tmp_path))
+    async with Client(server, read_timeout_seconds=60) as client:
+        paused = (await client.call_tool("ask", {"query": "Write a note."})).structured_content
+        assert paused["stop_reason"] == "awaiting_approval" and paused["answer"] is None
+        (pending,) = paused["pending_approvals"]
+        assert (pending["name"], pending["args"]) == ("file_write", write["args"])
+        assert not (tmp_path / "note.txt").exists()  # nothing ran before the decision
+
+        wrong = await client.call_tool("decide", {"task_id": paused["task_id"],
+                                                  "approve": ["no-such-call"]})
+        assert wrong.is_error and "no-such-call" in wrong.content[0].text
+
+        done = await client.call_tool("decide", {"task_id": paused["task_id"],
+                                                 "approve": [pending["id"]]})
+        assert done.structured_content["answer"] == "Written."
+        assert done.structured_content["stop_reason"] == "completed"
+    assert (tmp_path / "note.txt").read_text() == "from the host"
+    (result,) = db.execute("SELECT content FROM conversation_messages WHERE role = 'tool'"
+                           ).fetchone()
+    assert json.loads(result)["ok"] is True

@@ -1,10 +1,12 @@
 """``cogency mcp``: a Cogency agent served over MCP (stdio), so an MCP host (an IDE, a desktop
 assistant, another agent) can use an agent that remembers its user.
 
-The server offers one tool, ``ask``: it runs a query as one task of the agent, in a new
+The server offers two tools. ``ask`` runs a query as one task of the agent, in a new
 conversation or in ``conversation_id``, and returns the answer and the conversation id (to
-pass back for the next question). Every task is the served user's; the host cannot choose
-another user.
+pass back for the next question). A task whose tool calls need approval stops with
+``stop_reason="awaiting_approval"`` and lists them; ``decide`` approves or denies them and
+continues the task (the MCP host's user is the person asked). Every task is the served
+user's; the host cannot choose another user.
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ from typing import TYPE_CHECKING, Any
 from .errors import CogencyError
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .agent import Agent, AgentResult
 
 ASK_DESCRIPTION = (
     "Ask a Cogency agent that remembers its user across conversations. Returns the answer and "
     "the conversation_id; pass conversation_id back to continue the same conversation."
+)
+DECIDE_DESCRIPTION = (
+    "Continue a task of the agent that stopped with stop_reason 'awaiting_approval': approve "
+    "or deny each of its pending_approvals by id (every pending call must be decided). Returns "
+    "what ask returns."
 )
 
 
@@ -46,15 +53,36 @@ def build_server(agent: Agent, user_id: str) -> Any:
             result = await agent.run(query, user_id, conversation_id)
         except CogencyError as exc:  # a bad conversation id, a model that failed: say what
             raise ToolError(f"{type(exc).__name__}: {exc}") from exc
-        return {
-            "answer": result.response,
-            "conversation_id": result.conversation_id,
-            "task_id": result.task_id,
-            "stop_reason": result.stop_reason,
-            "error": result.error,
-        }
+        return _answer(result)
+
+    @server.tool(
+        name="decide",
+        description=DECIDE_DESCRIPTION,
+        annotations=ToolAnnotations(read_only_hint=False, open_world_hint=True),
+    )
+    async def decide(
+        task_id: str, approve: list[str] | None = None, deny: list[str] | None = None
+    ) -> dict[str, Any]:
+        approvals = {call: True for call in approve or []}
+        approvals.update({call: False for call in deny or []})
+        try:
+            result = await agent.resume(task_id, user_id, approvals=approvals)
+        except CogencyError as exc:  # an unknown task or call, calls left undecided
+            raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+        return _answer(result)
 
     return server
+
+
+def _answer(result: AgentResult) -> dict[str, Any]:
+    return {
+        "answer": result.response,
+        "conversation_id": result.conversation_id,
+        "task_id": result.task_id,
+        "stop_reason": result.stop_reason,
+        "error": result.error,
+        "pending_approvals": result.pending_approvals,
+    }
 
 
 async def serve_stdio(agent: Agent, user_id: str) -> None:

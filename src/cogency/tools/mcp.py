@@ -98,9 +98,9 @@ class MCPServer:
       ``LOGNAME`` of this process's environment (never its API keys), plus ``env``.
     - ``timeout`` bounds each call (seconds); ``start_timeout`` the start and tool listing.
     - ``prefix`` is put before each tool's name, for two servers with the same tool names.
-    - ``trusted``: MCP tools need a person's approval before each call unless the server is
-      trusted (``True``) or the tool is (a collection of tool names, as the server names
-      them). This takes effect with the agent's approval policy.
+    - ``trusted``: MCP tools need a person's approval before each call (``needs_approval``,
+      decided by the agent's ``approve``) unless the server is trusted (``True``) or the tool
+      is (a collection of tool names, as the server names them).
     """
 
     def __init__(
@@ -255,11 +255,11 @@ class MCPServer:
                 parameters=_inline_refs(schema),
                 func=self._caller(remote.name),
                 timeout=self.timeout + 5,
+                needs_approval=self._approval_needed(remote.name),
                 server=self,
                 remote_name=remote.name,
                 input_schema=_without_patterns(schema),
             )
-            tool.needs_approval = self._approval_needed(remote.name)
             tools.append(tool)
         return tools
 
@@ -282,16 +282,15 @@ class MCPServer:
             return (f"MCP server {self.name!r} started (pid {connection.pid}); its tools "
                     f"({names}) can be used in the next task")
 
-        tool = Tool(
+        return Tool(
             name=_tool_name(self.name, set()),
             description=(f"UNAVAILABLE: {_clean(error)[:500]}. Its tools cannot be used; "
                          "calling this tries to start the server again."),
             parameters={"type": "object", "properties": {}, "additionalProperties": False},
             func=start_again,
             timeout=self.start_timeout + 5,
+            needs_approval=False,  # starting the server calls none of its tools
         )
-        tool.needs_approval = False  # starting it calls no tool
-        return tool
 
 
 class _Connection:
