@@ -159,11 +159,14 @@ class Agent:
         conversation_id: str | None = None,
         *,
         settings: dict[str, Any] | None = None,
+        history: Sequence[tuple[str, str]] = (),
     ) -> AsyncIterator[Event]:
         """Run a new task, yielding its events as they happen; the last one is ``end``.
 
         ``settings`` (a JSON object) is stored with the task and read back as
         ``TaskRecord.settings`` (``store.load_task``), e.g. to rebuild this agent to resume it.
+        ``history`` (``("user" | "assistant", text)`` pairs) is stored in the conversation
+        before the query, in the same transaction: turns held elsewhere, now its own.
         """
         check_id(user_id, "user_id")
         if not isinstance(query, str) or not query.strip():
@@ -174,7 +177,7 @@ class Agent:
             state = await State.start_task(
                 query, user_id, conversation_id, self.store,
                 max_iterations=self.max_iterations, history_tokens=self.history_tokens,
-                record_query=True, runner=runner, settings=settings,
+                record_query=True, runner=runner, settings=settings, history=history,
             )
             return state, False
 

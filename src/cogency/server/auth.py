@@ -4,6 +4,7 @@ route can read or write another user's rows (theirs look "not found")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +52,11 @@ class Caller:
     async def forget(self) -> None:
         await self._store.forget_user(self.user_id)
 
-    async def run(self, query: str, conversation_id: str | None) -> Run:
+    async def run(self, query: str, conversation_id: str | None,
+                  history: Sequence[tuple[str, str]] = ()) -> Run:
         return await self._runs.start(
-            self.user_id, self.key_id, query=query, conversation_id=conversation_id
+            self.user_id, self.key_id, query=query, conversation_id=conversation_id,
+            history=history,
         )
 
     async def resume(self, task_id: str, approvals: dict[str, bool] | None = None) -> Run:

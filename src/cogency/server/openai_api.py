@@ -10,8 +10,9 @@ Which Cogency conversation a request continues:
   conversation whose stored text is exactly those turns, in order (the user's queries and
   Cogency's final answers; tool calls and results are not turns), sought among the key's
   user's ``RECENT`` most recently updated conversations, the newest match first. Turns that
-  match none are a 400 (``param: "messages"``) that says how to continue: Cogency never
-  guesses a conversation nor answers without context the client shows its user;
+  match none (edited, regenerated, older, or from elsewhere) start a new conversation that
+  stores them first, so the model has the context the client shows (never another
+  conversation's, and never none);
 - otherwise a new conversation, whose id the reply carries (``conversation_id`` at the top
   level and in ``metadata``, and the ``X-Cogency-Conversation-Id`` header).
 
@@ -101,10 +102,13 @@ async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> A
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     conversation = (body.metadata or {}).get("conversation_id")
     query = _query(body.messages, "messages")
+    history: list[tuple[str, str]] = []
     if conversation is None and len(body.messages) > 1:
-        conversation = await _resent(me, [(m["role"], _text(m.get("content"), "messages"))
-                                          for m in body.messages[:-1]])
-    run = await me.run(query, conversation)
+        turns = [(m["role"], _text(m.get("content"), "messages")) for m in body.messages[:-1]]
+        conversation = await _resent(me, turns)
+        if conversation is None:  # a new conversation that starts with what the client shows
+            history = turns
+    run = await me.run(query, conversation, history)
     created = int(time.time())
     if body.stream:
         return _streaming(run, _chat_chunks(run, created, include_usage))
@@ -205,8 +209,8 @@ def _query(items: list[dict[str, Any]], where: str) -> str:
     return query
 
 
-async def _resent(me: Caller, turns: list[tuple[str, str]]) -> str:
-    """The conversation of ``me``'s ``RECENT`` newest whose turns are ``turns``; 400 if none.
+async def _resent(me: Caller, turns: list[tuple[str, str]]) -> str | None:
+    """The conversation of ``me``'s ``RECENT`` newest whose turns are ``turns``, if any.
 
     Cheap first: a conversation with fewer messages than ``turns``, or whose newest message
     is a turn other than the last of ``turns``, is passed over unread."""
@@ -222,12 +226,7 @@ async def _resent(me: Caller, turns: list[tuple[str, str]]) -> str:
             continue
         if [turn for turn in map(_turn, stored) if turn is not None] == turns:
             return record.conversation_id
-    raise Unsupported(
-        f"messages holds {len(turns)} earlier turns that match none of your {RECENT} most "
-        "recent conversations (your messages and Cogency's answers, unchanged and in order), "
-        "and Cogency will not guess: continue one with metadata.conversation_id, resend its "
-        "turns unchanged, or send only the new user message to start a new conversation",
-        "messages")
+    return None
 
 
 def _turn(message: dict[str, Any]) -> tuple[str, str] | None:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -127,9 +127,11 @@ class Runs:
         conversation_id: str | None = None,
         task_id: str | None = None,
         approvals: dict[str, bool] | None = None,
+        history: Sequence[tuple[str, str]] = (),
     ) -> Run:
-        """Start a new run (``query``) or resume ``task_id`` (deciding the calls it waits for
-        with ``approvals``); returns once it has begun.
+        """Start a new run (``query``, after storing ``history`` as ``Agent.stream`` does) or
+        resume ``task_id`` (deciding the calls it waits for with ``approvals``); returns once
+        it has begun.
 
         Errors before the run begins (a bad id, another user's conversation or task, a
         conversation with a run in flight, too many runs) are raised here.
@@ -155,7 +157,7 @@ class Runs:
             # The id is chosen here, so that even a new conversation is held from the start.
             conversation_id = conversation_id or str(uuid.uuid4())
             assert query is not None
-            events = self.agent.stream(query, user_id, conversation_id)
+            events = self.agent.stream(query, user_id, conversation_id, history=history)
         runner = new_runner()
         self._per_key[key_id] += 1
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,7 @@ class State:
         record_query: bool = False,
         runner: str | None = None,
         settings: dict[str, Any] | None = None,
+        history: Sequence[tuple[str, str]] = (),
     ) -> State:
         """Create a task and save its workspace; continue ``conversation_id`` when given.
 
@@ -79,7 +81,9 @@ class State:
         ``record_query`` also stores the query as the conversation's next user message, and
         ``runner`` holds the task for that runner (as ``Store.claim_task``), both in the same
         transaction. ``settings`` (a JSON object) is stored with the task as
-        ``TaskRecord.settings``, for whoever resumes it.
+        ``TaskRecord.settings``, for whoever resumes it. ``history`` (``(role, text)`` pairs,
+        role ``"user"`` or ``"assistant"``) is stored before the query (which it needs) as
+        messages of no task.
         """
         check_id(user_id, "user_id")
         if settings is not None and not isinstance(settings, dict):
@@ -98,7 +102,15 @@ class State:
         conversation = Conversation(
             conversation_id=conversation_id or str(uuid.uuid4()), user_id=user_id
         )
-        first = [_message(state, "user", query)] if record_query else []
+        if history and not record_query:
+            raise UsageError("history is stored before the query: pass record_query=True")
+        for role, text in history:
+            if role not in ("user", "assistant") or not isinstance(text, str):
+                raise UsageError("history holds (role, text) pairs, role 'user' or 'assistant'")
+        # No task wrote the history: without a task id it is older context, never this
+        # task's own messages (which come whole) nor mistaken for its query.
+        first = ([*(_message(state, role, text, task_id=None) for role, text in history),
+                  _message(state, "user", query)] if record_query else [])
         record = await store.begin_task(
             TaskRecord(
                 task_id=state.task_id,
@@ -115,13 +127,14 @@ class State:
         )
         state._saved_workspace = state.workspace.to_dict()
         state.epoch = 1 if runner else None
-        history = record.recent if record.recent is not None else first
+        recent = record.recent if record.recent is not None else first
         # The query is the newest message, so the window holds it iff it ends with it (one
         # check, not a pass over a window that grows with the conversation).
-        if first and (not history or history[-1].get("task_id") != state.task_id):
-            history = [*history, *first]  # a query longer than history_tokens: it still counts
-        state.conversation = _conversation_from(record, history)
-        state.execution.messages = list(history)
+        if first and (not recent or recent[-1].get("task_id") != state.task_id):
+            # a query longer than history_tokens: it still counts
+            recent = [*recent, first[-1]]
+        state.conversation = _conversation_from(record, recent)
+        state.execution.messages = list(recent)
         return state
 
     @classmethod
