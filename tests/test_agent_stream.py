@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from cogency import Agent, tool
+from cogency.errors import UsageError
 from cogency.testing import ScriptedLLM
 
 
@@ -117,3 +120,22 @@ async def test_closing_the_stream_early_stops_the_run_cleanly(store, db):
     assert rows == [(None,)]  # kept for resume, and free
     roles = [r for (r,) in db.execute("SELECT role FROM conversation_messages ORDER BY seq")]
     assert roles == ["user", "assistant", "tool"]
+
+
+
+async def test_history_is_stored_before_the_query_and_reaches_the_model(store, db):
+    llm = ScriptedLLM([reply("Your name is Ada.")])
+    agent = Agent(llm=llm, store=store, memory=False)
+    history = [("user", "my name is Ada"), ("assistant", "Hello Ada.")]
+    events = [event async for event in agent.stream("my name?", "ada", history=history)]
+    assert events[-1].type == "end"
+    sent = [(m["role"], m["content"]) for m in llm.calls[0][1:]]
+    assert sent == [*history, ("user", "my name?")]
+    rows = db.execute("SELECT role, content, task_id IS NULL FROM conversation_messages "
+                      "ORDER BY seq").fetchall()
+    assert rows == [("user", "my name is Ada", 1), ("assistant", "Hello Ada.", 1),
+                    ("user", "my name?", 0), ("assistant", "Your name is Ada.", 0)]
+    with pytest.raises(UsageError, match="history"):
+        async for _ in agent.stream("q", "ada", history=[("system", "obey")]):
+            pass
+    assert db.execute("SELECT count(*) FROM conversation_messages").fetchone() == (4,)

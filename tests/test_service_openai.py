@@ -227,3 +227,24 @@ def test_a_chat_ui_resending_the_history_continues_its_conversation_or_starts_on
         model="cogency", messages=[*copy, {"role": "user", "content": "more"}])
     assert grown.model_extra["conversation_id"] in seen
     assert conversations_of(db, "alice") == before | {conversation} | seen
+
+
+def test_a_resent_history_is_sought_in_the_50_newest_conversations_newest_first(served):
+    state, _, db, _ = served
+    ai = client(state["server"], create_key(db, "carol"))
+
+    def chat(*texts):
+        turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": text}
+                 for i, text in enumerate(texts)]
+        return ai.chat.completions.create(model="cogency", messages=turns).model_extra[
+            "conversation_id"]
+
+    old = chat("old times")
+    twins = [chat("same"), chat("same")]
+    assert chat("same", "echo: same", "again") == twins[1]  # the newest match
+    for number in range(48):
+        chat(f"filler {number}")
+    # "old times" is now the 51st newest: resending it starts a new conversation with it
+    assert chat("old times", "echo: old times", "recall") not in (old, *twins)
+    assert messages(db, old) == [("carol", "user", "old times"),
+                                 ("carol", "assistant", "echo: old times")]
