@@ -130,6 +130,11 @@ def test_what_cannot_be_honoured_is_a_400(served):
     with pytest.raises(openai.BadRequestError) as caught:
         ai.responses.create(model="cogency", input="hi", instructions="be terse")
     assert caught.value.body["param"] == "instructions"
+    with pytest.raises(openai.BadRequestError) as caught:
+        ai.responses.create(model="cogency", input=[
+            *hello, {"role": "assistant", "content": "echo: hi"}, *hello])
+    assert caught.value.body["param"] == "input"
+    assert "previous_response_id" in caught.value.body["message"]
     with pytest.raises(openai.NotFoundError):
         ai.chat.completions.create(model="gpt-4o", messages=hello)
     with pytest.raises(openai.AuthenticationError):
