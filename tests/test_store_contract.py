@@ -358,6 +358,9 @@ async def test_list_tasks_and_conversations_are_scoped_by_user(any_store, raw):
     }
     conversations = await any_store.list_conversations("bob")
     assert [c.conversation_id for c in conversations] == [b1.conversation.conversation_id]
+    newest = await any_store.list_conversations("alice", limit=1)  # most recently updated
+    assert [c.conversation_id for c in newest] == [a2.conversation.conversation_id]
+    assert len(await any_store.list_conversations("alice", limit=None)) == 2
     task = (await any_store.list_tasks("bob"))[0]
     assert isinstance(task, TaskRecord)
     assert (task.user_id, task.conversation_id, task.query, task.version) == (

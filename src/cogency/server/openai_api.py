@@ -17,10 +17,10 @@ Which Cogency conversation a request continues:
   level and in ``metadata``, and the ``X-Cogency-Conversation-Id`` header).
 
 Cogency keeps each conversation's history itself: the query is the last user message, and
-earlier messages a client resends are not sent to the model again (``/v1/responses`` input
-with earlier turns but no ``previous_response_id`` gets a 400 saying so). Fields Cogency
-cannot honour (``tools``, ``n`` > 1, ``temperature``, system instructions, …) get a 400 in
-OpenAI's error shape naming the field, never silent ignoring.
+earlier messages a client resends for a stored conversation are not sent to the model
+again (``/v1/responses`` input with earlier turns but no ``previous_response_id`` gets a 400
+saying so). Fields Cogency cannot honour (``tools``, ``n`` > 1, ``temperature``, system
+instructions, …) get a 400 in OpenAI's error shape naming the field, never silent ignoring.
 """
 
 from __future__ import annotations
