@@ -175,7 +175,7 @@ def test_a_chat_ui_resending_the_history_continues_its_conversation_or_starts_on
     second = ai.chat.completions.create(model="cogency", messages=history)
     assert second.choices[0].message.content == "echo: my name is Ada"
     assert second.model_extra["conversation_id"] == conversation
-    history += [{"role": "assistant", "content": "echo: my name is Ada"},
+    history += [{"role": "assistant", "content": "echo: my name is Ada\n"},  # a UI's newline
                 {"role": "user", "content": "recall"}]
     chunks = list(ai.chat.completions.create(model="cogency", messages=history, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
@@ -190,6 +190,7 @@ def test_a_chat_ui_resending_the_history_continues_its_conversation_or_starts_on
         ("user", "recall"), ("assistant", "you said: tool first")]
     assert [role for _, role, _ in stored].count("tool") == 1
     assert {user for user, _, _ in stored} == {"alice"}
+    history[3]["content"] = "echo: my name is Ada"
     whole = [*history, {"role": "assistant", "content": "you said: tool first"}]
 
     # bob resending alice's history word for word does not reach her conversation: he gets

@@ -7,10 +7,10 @@ Which Cogency conversation a request continues:
   (its id carries the conversation's id, so this survives restarts and works on any replica);
 - either endpoint: ``metadata: {"conversation_id": ID}`` continues that conversation;
 - ``/v1/chat/completions`` naming none, with earlier turns (what a chat UI resends): the
-  conversation whose stored text is exactly those turns, in order (the user's queries and
-  Cogency's final answers; tool calls and results are not turns), sought among the key's
-  user's ``RECENT`` most recently updated conversations, the newest match first. Turns that
-  match none (edited, regenerated, older, or from elsewhere) start a new conversation that
+  conversation whose stored text is those turns, in order (the user's queries and Cogency's
+  final answers, each compared without leading and trailing whitespace; tool calls and
+  results are not turns), sought among the key's user's ``RECENT`` most recently updated
+  conversations, the newest match first. Turns that match none (edited, regenerated, older, or from elsewhere) start a new conversation that
   stores them first, so the model has the context the client shows (never another
   conversation's, and never none);
 - otherwise a new conversation, whose id the reply carries (``conversation_id`` at the top
@@ -214,6 +214,7 @@ async def _resent(me: Caller, turns: list[tuple[str, str]]) -> str | None:
 
     Cheap first: a conversation with fewer messages than ``turns``, or whose newest message
     is a turn other than the last of ``turns``, is passed over unread."""
+    turns = [(role, text.strip()) for role, text in turns]  # UIs trim what they show
     for record in await me.conversations(limit=RECENT):
         if record.message_count < len(turns):
             continue
@@ -234,7 +235,7 @@ def _turn(message: dict[str, Any]) -> tuple[str, str] | None:
     tool results and for the assistant steps that call tools)."""
     role, content = message["role"], message["content"]
     if role == "user" or (role == "assistant" and not _is_step(content)):
-        return role, content
+        return role, content.strip()
     return None
 
 
