@@ -1347,11 +1347,11 @@ class _Window:
 
     __slots__ = ("budget", "messages", "used", "last_seq", "last_stamp")
 
-    def __init__(self, budget: int, messages: list[dict[str, Any]], last_seq: int,
+    def __init__(self, budget: int, messages: list[dict[str, Any]], used: int, last_seq: int,
                  last_stamp: str) -> None:
-        self.budget, self.messages, self.last_seq = budget, messages, last_seq
-        self.used = sum(m["tokens"] for m in messages)
-        self.last_stamp = last_stamp
+        # ``used``: the tokens of ``messages``, kept as they come and go (never re-summed).
+        self.budget, self.messages, self.used = budget, messages, used
+        self.last_seq, self.last_stamp = last_seq, last_stamp
 
 
 class _Windows:
@@ -1416,9 +1416,10 @@ class _Windows:
                     return None  # older messages may still fit: the caller reads them
             window = picked[::-1]
         if fresh:
-            entry = _Window(budget, window, fresh[-1]["seq"], fresh[-1].get("created_at") or "")
+            entry = _Window(budget, window, used, fresh[-1]["seq"],
+                            fresh[-1].get("created_at") or "")
         else:
-            entry = cached or _Window(budget, window, 0, "")
+            entry = cached or _Window(budget, window, used, 0, "")
         self._entries[conversation_id] = entry
         self._entries.move_to_end(conversation_id)
         if len(self._entries) > self.size:
