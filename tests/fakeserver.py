@@ -130,3 +130,14 @@ class FakeServer:
         handler.send_header("Content-Length", str(len(data)))
         handler.end_headers()
         handler.wfile.write(data)
+
+
+async def stream_hi(llm: Any, store: Any) -> tuple[Any, list[Any]]:
+    """Stream "hi" of user "eve" through a real ``Agent``, then close ``llm``: (result, events)."""
+    from cogency import Agent
+
+    async with Agent(llm=llm, store=store) as agent:
+        stream = agent.stream("hi", user_id="eve")
+        events = [event async for event in stream]
+    await llm.close()
+    return stream.result, events

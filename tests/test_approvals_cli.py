@@ -98,6 +98,24 @@ def test_without_a_terminal_the_task_pauses_and_approve_decides_it(cogency, tmp_
     assert (tmp_path / "notes.txt").read_text() == "overwritten"
 
 
+def test_deny_all_denies_every_waiting_call(cogency, tmp_path, db_path):
+    llm = ["--llm", "cli_models:scripted", "--tools", "files", "--no-memory"]
+    paused = cogency("run", QUERY, *llm, script=[step(actions=[
+        write("notes.txt", "overwritten"), write("other.txt", "new")])])
+    assert paused.returncode == 3, paused.stderr
+    calls = pending(db_path)
+    assert len(calls) == 2 and "(or --deny-all)" in paused.stderr
+    denied = cogency("approve", calls[0][0], "--deny-all",
+                     script=[step(response="I changed nothing.")])
+    assert denied.returncode == 0, denied.stderr
+    assert "I changed nothing." in denied.stdout
+    assert (tmp_path / "notes.txt").read_text() == ORIGINAL
+    assert not (tmp_path / "other.txt").exists()
+    results = stored_results(db_path)
+    assert len(results) == 2 and all("denied by the user" in r["error"] for r in results)
+    assert pending(db_path) == []
+
+
 def test_yes_allows_and_read_only_offers_no_writing_tool(cogency, tmp_path, db_path):
     llm = ["--llm", "cli_models:scripted", "--tools", "files", "--no-memory"]
     blocked = cogency("run", QUERY, "--read-only", *llm,

@@ -1,7 +1,7 @@
 """Hostile input: the reply parser, the tool argument validator and the stores, fuzzed.
 
 Only Cogency's own errors (``CogencyError``) may come out. CI runs about 10k cases in all;
-``COGENCY_FUZZ_SCALE=10`` (or more) gives the full run.
+``COGENCY_FUZZ_SCALE=5`` gives the published full run (50k cases; docs/reliability.md).
 """
 
 from __future__ import annotations

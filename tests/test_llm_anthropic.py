@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from fakeserver import FakeServer, Reply, sse
+from fakeserver import FakeServer, Reply, sse, stream_hi
 
 from cogency import Agent, tool
 from cogency.errors import AuthenticationError, LLMTimeoutError, ModelNotFoundError, RefusalError
@@ -273,11 +273,8 @@ async def test_an_overloaded_error_event_inside_a_stream_is_retried(server, stor
         "error")])
     server.script(overloaded, tool_streamed(answer))
     llm = make(server)
-    async with Agent(llm=llm, store=store) as agent:
-        stream = agent.stream("hi", user_id="eve")
-        events = [event async for event in stream]
-    await llm.close()
-    assert stream.result.stop_reason == "completed" and stream.result.response == "fine"
+    result, events = await stream_hi(llm, store)
+    assert result.stop_reason == "completed" and result.response == "fine"
     [retry] = [event for event in events if event.type == "retry"]
     assert "Overloaded" in retry.reason and "HTTP 529" in retry.reason
     assert len(server.requests) == 2
@@ -289,11 +286,8 @@ async def test_options_reach_the_wire_and_a_max_tokens_stop_is_reasked_higher(se
     server.script(streamed('{"secure": true, "objec', stop="max_tokens"),
                   tool_streamed(answer))
     llm = make(server, temperature=0, max_tokens=64, extra_body={"top_k": 5})
-    async with Agent(llm=llm, store=store) as agent:
-        stream = agent.stream("hi", user_id="eve")
-        events = [event async for event in stream]
-    await llm.close()
-    assert stream.result.stop_reason == "completed"
+    result, events = await stream_hi(llm, store)
+    assert result.stop_reason == "completed"
     [invalid] = [event for event in events if event.type == "error"]
     assert "cut off at the output token limit (64 tokens)" in invalid.message
     bodies = [request.body for request in server.requests]

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from fakeserver import FakeServer, Reply, sse
+from fakeserver import FakeServer, Reply, sse, stream_hi
 
 from cogency import Agent
 from cogency.errors import (
@@ -285,11 +285,8 @@ async def test_an_error_inside_a_stream_is_mapped_retried_and_reported(server, s
                                                 "type": "server_error"}})]),
                   streamed(json.dumps(ANSWER)))
     llm = make(server)
-    async with Agent(llm=llm, store=store) as agent:
-        stream = agent.stream("hi", user_id="eve")
-        events = [event async for event in stream]
-    await llm.close()
-    assert stream.result.stop_reason == "completed"
+    result, events = await stream_hi(llm, store)
+    assert result.stop_reason == "completed"
     [retry] = [event for event in events if event.type == "retry"]
     assert retry.attempt == 1 and 0 < retry.delay <= 0.01
     assert "model overloaded" in retry.reason and "HTTP 500" in retry.reason
@@ -312,9 +309,8 @@ async def test_retry_after_as_an_http_date_is_honoured(server, store):
     server.script(Reply(429, {"error": {"message": "slow"}}, headers={"retry-after": when}),
                   streamed(json.dumps(ANSWER)))
     llm = make(server)
-    async with Agent(llm=llm, store=store) as agent:
-        events = [event async for event in agent.stream("hi", user_id="eve")]
-    await llm.close()
+    result, events = await stream_hi(llm, store)
+    assert result.stop_reason == "completed"
     [retry] = [event for event in events if event.type == "retry"]
     assert 0.5 < retry.delay <= 2.0 and "HTTP 429" in retry.reason
 
@@ -335,11 +331,8 @@ async def test_a_reply_cut_off_at_max_tokens_is_reasked_with_twice_the_cap(serve
     server.script(Reply(events=[chunk(cut), chunk(finish="length"), sse("[DONE]")]),
                   streamed(json.dumps(ANSWER)))
     llm = make(server, max_tokens=50)
-    async with Agent(llm=llm, store=store) as agent:
-        stream = agent.stream("hi", user_id="eve")
-        events = [event async for event in stream]
-    await llm.close()
-    assert stream.result.stop_reason == "completed"
+    result, events = await stream_hi(llm, store)
+    assert result.stop_reason == "completed"
     [invalid] = [event for event in events if event.type == "error"]
     assert "cut off at the output token limit (50 tokens)" in invalid.message
     assert [r.body["max_tokens"] for r in server.requests] == [50, 100]

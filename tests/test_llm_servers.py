@@ -91,16 +91,20 @@ async def test_openai_on_llama_cpp_run_stream_schema_usage(llama_server, store, 
     assert stored == [("user", QUESTION), ("assistant", result.response)]
 
 
-async def test_openai_on_llama_cpp_calls_a_tool(llama_server, store, db):
-    llm = openai(llama_server)
+async def assert_calls_the_add_tool(llm, store, user_id: str) -> None:
+    """One step through ``Agent.run``: the model calls ``add`` and gets the right sum."""
     async with Agent(llm=llm, tools=[add], store=store, max_iterations=1) as agent:
-        events, result = await run(agent, "Use the add tool to add 2 and 3.", user_id="ot")
+        events, result = await run(agent, "Use the add tool to add 2 and 3.", user_id=user_id)
     await llm.close()
     [action] = of(events, "action")
     [done] = of(events, "result")
     assert action.name == "add" and set(action.args) == {"a", "b"}
     assert done.ok and done.output == str(action.args["a"] + action.args["b"])
     assert result.stop_reason == "max_iterations"
+
+
+async def test_openai_on_llama_cpp_calls_a_tool(llama_server, store, db):
+    await assert_calls_the_add_tool(openai(llama_server), store, "ot")
     roles = [role for (role,) in db.execute("SELECT role FROM conversation_messages ORDER BY seq")]
     assert roles == ["user", "assistant", "tool"]
 
@@ -228,15 +232,7 @@ async def test_gemini_through_litellm_run_stream_schema(litellm_proxy, store, db
 
 
 async def test_gemini_through_litellm_calls_a_tool(litellm_proxy, store):
-    llm = gemini(litellm_proxy)
-    async with Agent(llm=llm, tools=[add], store=store, max_iterations=1) as agent:
-        events, result = await run(agent, "Use the add tool to add 2 and 3.", user_id="gt")
-    await llm.close()
-    [action] = of(events, "action")
-    [done] = of(events, "result")
-    assert action.name == "add" and set(action.args) == {"a", "b"}
-    assert done.ok and done.output == str(action.args["a"] + action.args["b"])
-    assert result.stop_reason == "max_iterations"
+    await assert_calls_the_add_tool(gemini(litellm_proxy), store, "gt")
 
 
 async def test_gemini_through_litellm_usage_and_errors(litellm_proxy, store):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from memory_replies import answer, insights
 
 from cogency import Agent
 from cogency.memory import ImpressionSynthesizer, Memory, Profile
@@ -28,24 +29,6 @@ from cogency.memory.profile import MAX_GOALS, MAX_PREFERENCES, MAX_TEXT
 from cogency.storage import SQLiteStore
 from cogency.testing import ScriptedLLM
 from cogency.tokens import count_tokens
-
-
-def answer(text: str = "done") -> dict[str, Any]:
-    return {"secure": True, "objective": "help", "response": text, "actions": []}
-
-
-def insights(**fields: Any) -> dict[str, Any]:
-    """An extraction reply in the strict-schema shape (maps as key/value pairs)."""
-    reply: dict[str, Any] = {
-        "preferences": [], "goals": [], "expertise": [], "communication_style": "",
-        "project_context": [], "interests": [], "constraints": [], "success_pattern": "",
-        "failure_pattern": "",
-    }
-    for key, value in fields.items():
-        if isinstance(value, dict):
-            value = [{"key": k, "value": v} for k, v in value.items()]
-        reply[key] = value
-    return reply
 
 
 def profile_row(db: sqlite3.Connection, user_id: str) -> dict[str, Any] | None:

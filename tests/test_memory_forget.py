@@ -16,26 +16,13 @@ import textwrap
 from typing import Any
 
 import pytest
+from memory_replies import answer, insights
 
 from cogency import Agent, tool
 from cogency.errors import ForgottenError
 from cogency.memory import ImpressionSynthesizer, Memory
 from cogency.storage import SQLiteStore, open_store
 from cogency.testing import ScriptedLLM
-
-
-def answer(text: str = "done") -> dict[str, Any]:
-    return {"secure": True, "objective": "help", "response": text, "actions": []}
-
-
-def insights(**fields: Any) -> dict[str, Any]:
-    reply: dict[str, Any] = {
-        "preferences": [], "goals": [], "expertise": [], "communication_style": "",
-        "project_context": [], "interests": [], "constraints": [], "success_pattern": "",
-        "failure_pattern": "",
-    }
-    reply.update(fields)
-    return reply
 
 
 def location(store: Any) -> str:

@@ -164,6 +164,9 @@ def _isolation_calls(conversation, task):
         ("get", "/api/tasks/{task_id}"): dict(url=f"/api/tasks/{task}"),
         ("get", "/api/conversations/{conversation_id}/messages"):
             dict(url=f"/api/conversations/{conversation}/messages"),
+        ("get", "/api/tasks/{task_id}/approvals"): dict(url=f"/api/tasks/{task}/approvals"),
+        ("post", "/api/tasks/{task_id}/approvals"):
+            dict(url=f"/api/tasks/{task}/approvals", json={"decisions": {"call": True}}),
     }
 
 
@@ -312,3 +315,44 @@ def test_a_client_that_leaves_does_not_stop_its_run(service):
     assert answer["content"] == f"opened: gate:{gate} left"
     assert rows(db, "SELECT COUNT(*) FROM task_workspaces WHERE task_id = ?",
                 start["task_id"]) == [(0,)]
+
+
+def test_a_tool_call_waits_for_its_users_decision(service):
+    server, keys, db, tmp = service
+    root = tmp / "root"
+    with server.client(keys["alice"]) as alice, server.client(keys["bob"]) as bob:
+        paused = run(alice, "write allowed.txt")
+        assert paused["stop_reason"] == "awaiting_approval"
+        [call] = paused["pending_approvals"]
+        assert call["name"] == "file_write" and call["args"]["path"] == "allowed.txt"
+        task = paused["task_id"]
+        assert not (root / "allowed.txt").exists()
+        assert alice.get(f"/api/tasks/{task}/approvals").json() == [call]
+        listed = {t["task_id"]: t for t in alice.get("/api/tasks").json()}
+        assert listed[task]["pending_approvals"] == [call]
+        # another user neither sees nor decides it
+        assert bob.get(f"/api/tasks/{task}/approvals").status_code == 404
+        refused = bob.post(f"/api/tasks/{task}/approvals",
+                           json={"decisions": {call["id"]: True}})
+        assert refused.status_code == 404 and not (root / "allowed.txt").exists()
+        unknown = alice.post(f"/api/tasks/{task}/approvals", json={"decisions": {"nope": True}})
+        assert unknown.status_code == 404, unknown.text
+        assert unknown.json()["error"]["message"]
+        with alice.stream("POST", f"/api/tasks/{task}/approvals",
+                          json={"decisions": {call["id"]: True}, "stream": True}) as r:
+            events = list(sse_events(r))
+        assert [e["type"] for e in events if e["type"] in ("result", "response", "end")] == [
+            "result", "response", "end"]
+        assert events[-1]["stop_reason"] == "completed"
+        assert (root / "allowed.txt").read_text() == "written"
+        assert alice.post(f"/api/tasks/{task}/approvals",
+                          json={"decisions": {call["id"]: True}}).status_code == 404
+        # denied: the file is never written, the model is told
+        waiting = run(alice, "write denied.txt")
+        [call] = waiting["pending_approvals"]
+        done = alice.post(f"/api/tasks/{waiting['task_id']}/approvals",
+                          json={"decisions": {call["id"]: False}}).json()
+        assert done["stop_reason"] == "completed" and "denied" in done["response"]
+        assert not (root / "denied.txt").exists()
+    assert rows(db, "SELECT COUNT(*) FROM task_workspaces WHERE task_id IN (?, ?)",
+                task, waiting["task_id"]) == [(0,)]

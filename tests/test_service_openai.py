@@ -18,7 +18,8 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai")
     db = str(tmp / "openai.db")
     keys = {user: create_key(db, user) for user in ("alice", "bob")}
-    state = {"server": Server(db, tmp)}
+    (tmp / "root").mkdir()
+    state = {"server": Server(db, tmp, "--tools", "files", "--root", str(tmp / "root"))}
     yield state, keys, db, tmp
     state["server"].stop()
 
@@ -100,7 +101,8 @@ def test_responses_chain_and_survive_a_restart(served, tmp_path):
         bob.responses.create(model="cogency", input="hi", previous_response_id="resp_garbage")
     # a restart: the chain goes on from the stored conversation
     state["server"].stop()
-    state["server"] = Server(db, tmp, name="restarted")
+    state["server"] = Server(db, tmp, "--tools", "files", "--root", str(tmp / "root"),
+                             name="restarted")
     after = client(state["server"], keys["alice"]).responses.create(
         model="cogency", input="recall", previous_response_id=final.id)
     assert after.output_text == "you said: I live in Lisbon"
@@ -133,3 +135,15 @@ def test_what_cannot_be_honoured_is_a_400(served):
         ai.chat.completions.create(model="gpt-4o", messages=hello)
     with pytest.raises(openai.AuthenticationError):
         client(state["server"], "cog_wrong").models.list()
+
+
+def test_a_call_waiting_for_approval_is_a_409_that_says_where_to_decide(served):
+    state, keys, _, tmp = served
+    ai = client(state["server"], keys["alice"])
+    with pytest.raises(openai.ConflictError) as caught:
+        ai.chat.completions.create(model="cogency",
+                                   messages=[{"role": "user", "content": "write x.txt"}])
+    error = caught.value.body
+    assert error["code"] == "awaiting_approval" and "file_write" in error["message"]
+    assert "/approvals" in error["message"]
+    assert not (tmp / "root" / "x.txt").exists()

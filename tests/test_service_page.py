@@ -35,7 +35,7 @@ def browser(tmp_path_factory):
             chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
                                                   args=["--no-sandbox"])
             try:
-                yield chromium, server, key, db
+                yield chromium, server, key, db, root
             finally:
                 chromium.close()
     finally:
@@ -44,12 +44,12 @@ def browser(tmp_path_factory):
 
 @pytest.fixture
 def browser_page(browser):
-    chromium, server, key, db = browser
+    chromium, server, key, db, root = browser
     context = chromium.new_context()  # its own storage: no key carried over between tests
     page = context.new_page()
     page.set_default_timeout(20_000)
     page.goto(server.url + "/")
-    yield page, key, db
+    yield page, key, db, root
     context.close()
 
 
@@ -62,7 +62,7 @@ def count(db, sql):
 
 
 def test_chat_steps_profile_and_forget(browser_page):
-    page, key, db = browser_page
+    page, key, db, root = browser_page
     page.fill("#key", key)
     page.click("#save-key")
     page.fill("#query", "hello page")
@@ -84,6 +84,23 @@ def test_chat_steps_profile_and_forget(browser_page):
     expect(page.locator(".msg.assistant").last).to_have_text("echo: <img src=x id=injected>")
     assert page.locator("#injected").count() == 0
     assert count(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") == 1
+    # a tool call that needs approval: denied, then approved
+    answers = page.locator(".msg.assistant").count()
+    page.fill("#query", "write denied.txt")
+    page.click("#send")
+    expect(page.locator(".approval").last).to_contain_text("file_write")
+    page.locator(".approval button.deny").last.click()
+    expect(page.locator(".msg.assistant")).to_have_count(answers + 1)
+    expect(page.locator(".msg.assistant").last).to_contain_text("denied")
+    assert not (root / "denied.txt").exists()
+    answers = page.locator(".msg.assistant").count()
+    page.fill("#query", "write approved.txt")
+    page.click("#send")
+    expect(page.locator(".approval").last).to_contain_text('"path":"approved.txt"')
+    page.locator(".approval button.approve").last.click()
+    expect(page.locator(".msg.assistant")).to_have_count(answers + 1)
+    expect(page.locator(".msg.assistant").last).to_contain_text("the tool said")
+    assert (root / "approved.txt").read_text() == "written"
     # the profile, then forgetting it all
     page.click("#show-profile")
     expect(page.locator("#profile")).to_contain_text('"user_id": "alice"')
@@ -95,7 +112,7 @@ def test_chat_steps_profile_and_forget(browser_page):
 
 
 def test_a_wrong_key_is_said_plainly(browser_page):
-    page, _, _ = browser_page
+    page = browser_page[0]
     page.fill("#key", "cog_not_a_key")
     page.click("#save-key")
     page.fill("#query", "hello")

@@ -2,7 +2,9 @@
 
 API keys map to users (:mod:`.keys`); every request is scoped to its key's user in one place
 (:mod:`.auth`); runs go through :class:`~cogency.Agent` and are followed live over
-Server-Sent Events (:mod:`.runs`, :mod:`.sse`). Replicas are stateless: everything lives in the
+Server-Sent Events (:mod:`.runs`, :mod:`.sse`); the native API is :mod:`.routes`, the
+OpenAI-compatible one :mod:`.openai_api`, the web page :mod:`.page`; every error becomes a
+status and a JSON body in :mod:`.errors`. Replicas are stateless: everything lives in the
 store, so many of them can serve one PostgreSQL database.
 
     from cogency.server import create_app       # an ASGI app (FastAPI)

@@ -55,8 +55,9 @@ class Caller:
             self.user_id, self.key_id, query=query, conversation_id=conversation_id
         )
 
-    async def resume(self, task_id: str) -> Run:
-        return await self._runs.start(self.user_id, self.key_id, task_id=task_id)
+    async def resume(self, task_id: str, approvals: dict[str, bool] | None = None) -> Run:
+        return await self._runs.start(self.user_id, self.key_id, task_id=task_id,
+                                      approvals=approvals)
 
 
 async def caller(

@@ -50,6 +50,10 @@ class RunFailed(ServiceError):
     status, kind = 502, "run_failed"
 
 
+class AwaitingApproval(ServiceError):
+    status, kind = 409, "awaiting_approval"
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -218,14 +222,24 @@ async def _finished(run: Run) -> dict[str, Any]:
         raise run.failure
     result = run.summary()
     if result["response"] is None:
-        raise RunFailed(_no_answer(result))
+        raise (AwaitingApproval if _paused(result) else RunFailed)(_no_answer(result))
     return result
 
 
+def _paused(result: dict[str, Any]) -> bool:
+    return bool(result["stop_reason"] == "awaiting_approval")
+
+
 def _no_answer(result: dict[str, Any]) -> str:
+    task = result["task_id"]
+    if _paused(result):
+        calls = ", ".join(f"{c['name']} ({c['id']})" for c in result["pending_approvals"])
+        return (f"the agent waits for your approval of {calls}: decide with POST "
+                f"/api/tasks/{task}/approvals (or on the web page), whose reply carries "
+                "the answer")
     return (f"the run stopped ({result['stop_reason']}) without an answer"
             + (f": {result['error']}" if result.get("error") else "")
-            + f"; task {result['task_id']} can be resumed (POST /api/tasks/ID/resume)")
+            + f"; task {task} can be resumed (POST /api/tasks/{task}/resume)")
 
 
 def _chat_usage(result: dict[str, Any]) -> dict[str, int]:
@@ -261,8 +275,9 @@ def _failure(run: Run, event: dict[str, Any] | None) -> dict[str, Any]:
                         else (500, "internal"))
         message = event["message"] if event else "internal server error"
     else:
-        status, kind = 502, "run_failed"
-        message = _no_answer(run.summary())
+        summary = run.summary()
+        status, kind = (409, "awaiting_approval") if _paused(summary) else (502, "run_failed")
+        message = _no_answer(summary)
     return {"message": message, "type": "server_error" if status >= 500 else
             "invalid_request_error", "param": None, "code": kind}
 

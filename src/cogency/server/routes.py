@@ -41,6 +41,19 @@ class ResumeRequest(BaseModel):
     stream: bool = False
 
 
+class Decisions(BaseModel):
+    decisions: dict[str, bool] = Field(
+        min_length=1, description="Each waiting call's id: true to allow it, false to deny it."
+    )
+    stream: bool = Field(False, description="Answer with the resumed run's events as SSE.")
+
+
+class ApprovalOut(BaseModel):
+    id: str
+    name: str
+    args: dict[str, Any]
+
+
 class Usage(BaseModel):
     input_tokens: int
     output_tokens: int
@@ -56,6 +69,9 @@ class RunResult(BaseModel):
     iterations: int
     usage: Usage
     error: str | None
+    pending_approvals: list[ApprovalOut] = Field(
+        default_factory=list,
+        description="With stop_reason awaiting_approval: the calls waiting for a decision.")
 
 
 class TaskOut(BaseModel):
@@ -64,6 +80,8 @@ class TaskOut(BaseModel):
     query: str
     workspace: dict[str, Any]
     updated_at: datetime | None
+    pending_approvals: list[ApprovalOut] = Field(
+        default_factory=list, description="Tool calls this task waits on you to decide.")
 
 
 class ConversationOut(BaseModel):
@@ -128,6 +146,22 @@ async def get_task(task_id: str, me: Caller = Depends(caller)) -> TaskOut:
     return _task(await me.task(task_id))
 
 
+@router.get("/tasks/{task_id}/approvals", response_model=list[ApprovalOut],
+            summary="The tool calls a task waits on you to approve or deny")
+async def list_approvals(task_id: str, me: Caller = Depends(caller)) -> list[ApprovalOut]:
+    return _task(await me.task(task_id)).pending_approvals
+
+
+@router.post("/tasks/{task_id}/approvals", response_model=RunResult, responses=_STREAM,
+             summary="Approve or deny the calls a task waits for, and resume it")
+async def decide(
+    task_id: str, body: Decisions, me: Caller = Depends(caller)
+) -> RunResult | StreamingResponse:
+    """Allowed calls run (once), denied ones give the model a "denied by the user" result,
+    then the task goes on."""
+    return await _answer(await me.resume(task_id, body.decisions), body.stream)
+
+
 @router.get("/conversations", response_model=list[ConversationOut],
             summary="Your conversations, newest first")
 async def list_conversations(me: Caller = Depends(caller)) -> list[ConversationOut]:
@@ -166,5 +200,8 @@ async def forget_profile(me: Caller = Depends(caller)) -> Forgotten:
 
 
 def _task(task: Any) -> TaskOut:
+    pending = [ApprovalOut(id=call["id"], name=call["name"], args=call.get("args") or {})
+               for call in task.pending_approvals if call.get("status", "pending") == "pending"]
     return TaskOut(task_id=task.task_id, conversation_id=task.conversation_id, query=task.query,
-                   workspace=task.workspace, updated_at=task.updated_at)
+                   workspace=task.workspace, updated_at=task.updated_at,
+                   pending_approvals=pending)

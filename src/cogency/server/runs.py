@@ -97,6 +97,10 @@ class Run:
             "iterations": result.iterations,
             "usage": asdict(result.usage),
             "error": result.error,
+            "pending_approvals": [
+                {"id": call["id"], "name": call["name"], "args": call.get("args", {})}
+                for call in result.pending_approvals
+            ],
         }
 
 
@@ -122,8 +126,10 @@ class Runs:
         query: str | None = None,
         conversation_id: str | None = None,
         task_id: str | None = None,
+        approvals: dict[str, bool] | None = None,
     ) -> Run:
-        """Start a new run (``query``) or resume ``task_id``; returns once it has begun.
+        """Start a new run (``query``) or resume ``task_id`` (deciding the calls it waits for
+        with ``approvals``); returns once it has begun.
 
         Errors before the run begins (a bad id, another user's conversation or task, a
         conversation with a run in flight, too many runs) are raised here.
@@ -142,7 +148,8 @@ class Runs:
             )
         store = self.agent.store
         if task_id is not None:
-            events = self.agent.resume_stream(task_id, user_id)  # checks the ids first
+            # checks the ids first
+            events = self.agent.resume_stream(task_id, user_id, approvals=approvals)
             conversation_id = (await store.load_task(task_id, user_id)).conversation_id
         else:
             # The id is chosen here, so that even a new conversation is held from the start.
