@@ -1450,8 +1450,12 @@ _SAVE = (
     "m AS (SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::int[], "
     "$16::text[], $17::text[]) WITH ORDINALITY "
     "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
-    "old AS (SELECT x.message_id, x.seq FROM m JOIN conversation_messages x "
-    "ON x.conversation_id = $1 AND x.message_id = m.message_id), "
+    # One probe of the (conversation_id, message_id) index per message: a join (or
+    # = ANY) was planned, in the generic plan made while the table was small, as a scan of
+    # the whole conversation, so a save cost more every turn.
+    "old AS (SELECT message_id, seq FROM (SELECT m.message_id, (SELECT x.seq "
+    "FROM conversation_messages x WHERE x.conversation_id = $1 "
+    "AND x.message_id = m.message_id) AS seq FROM m) probe WHERE seq IS NOT NULL), "
     "fresh AS (SELECT m.*, row_number() OVER (ORDER BY ord) AS n FROM m "
     "WHERE m.message_id IS NULL OR m.message_id NOT IN (SELECT message_id FROM old)), "
     "counter AS (UPDATE conversations SET message_count = message_count + "
