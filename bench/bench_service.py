@@ -58,7 +58,8 @@ class _Server:
         self.log = open(Path(workdir) / f"server-{uuid.uuid4().hex[:6]}.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cogency.cli", "serve", "--db", db, "--port", "0",
-             "--llm", "bench.bench_service:model", "--max-runs-per-key", "1000"],
+             "--llm", "bench.bench_service:model", "--max-runs-per-key", "1000",
+             "--no-memory"],  # the served turn alone: learning would double the model calls
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=workdir)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -8,6 +8,8 @@ An endless script whose reply depends on the query, so many users can talk to on
   ``$COGENCY_TEST_HANG_AFTER_TOOL`` set, it never answers after the tool (a replica to kill);
 - ``write NAME`` writes the file NAME (a call that needs a person's approval), then says
   what the tool answered;
+- a memory learning call (its prompt quotes an ``<interaction>``) learns that the user likes
+  brief answers;
 - ``recall`` is answered with the first user message the model was sent (the history);
 - anything else is answered ``echo: QUERY``.
 
@@ -24,11 +26,20 @@ from pathlib import Path
 from cogency.testing import ScriptedLLM
 
 
+LEARNED = {
+    "preferences": [], "goals": [], "expertise": [], "communication_style": "brief answers",
+    "project_context": [], "interests": [], "constraints": [], "success_pattern": "",
+    "failure_pattern": "",
+}
+
+
 async def _reply(messages):
     delay = float(os.environ.get("COGENCY_TEST_DELAY", "0"))
     if delay:
         await asyncio.sleep(delay)
     last = messages[-1]["content"]
+    if any("<interaction>\nQuery:" in m["content"] for m in messages):
+        return LEARNED
     after_tool = last.startswith("TOOL RESULT")
     query = next(m["content"] for m in reversed(messages)
                  if m["role"] == "user" and not m["content"].startswith("TOOL RESULT"))

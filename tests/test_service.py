@@ -55,6 +55,24 @@ def test_a_run_answers_and_is_stored_for_its_keys_user(service):
     assert stored == [("alice", "user", "hello there"), ("alice", "assistant", "echo: hello there")]
 
 
+def test_the_service_learns_each_users_profile_by_default(service):
+    from serverutil import wait_for
+
+    server, _, db, _ = service
+    key = create_key(db, "dana")
+
+    def style(client):
+        profile = client.get("/api/profile").json()["profile"] or {}
+        return profile.get("communication_style")
+
+    with server.client(key) as dana:
+        assert not style(dana)
+        run(dana, "hello from dana")
+        wait_for(lambda: style(dana) == "brief answers")  # learned in the background
+    (stored,) = rows(db, "SELECT profile_data FROM user_profiles WHERE user_id = 'dana'")
+    assert "brief answers" in stored[0]
+
+
 def test_sse_carries_the_events_of_agent_stream(service):
     server, keys, _, tmp = service
     with server.client(keys["alice"]) as alice:

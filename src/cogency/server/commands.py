@@ -32,8 +32,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
                        help="address to listen on (default: %(default)s, this machine only)")
     serve.add_argument("--port", type=int, default=8000,
                        help="port (default: %(default)s; 0 picks a free one)")
-    serve.add_argument("--memory", action="store_true",
-                       help="learn a profile of each user with the agent's model")
+    serve.add_argument("--no-memory", action="store_true",
+                       help="do not learn a profile of each user (learning is on by default, "
+                            "as for `cogency run`, unless the model is too small to learn)")
     serve.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                        help="let browsers on this origin call the API (repeatable; "
                             "default: CORS off)")
@@ -142,7 +143,7 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     try:
         await store.list_api_keys()  # reach (and migrate) the database before listening
         tools = [*builtin_tools(args.tools, Path(args.root or ".")), *mcp_servers(args.mcp)]
-        agent = Agent(llm=args.llm, tools=tools, store=store, memory=args.memory,
+        agent = Agent(llm=args.llm, tools=tools, store=store, memory=not args.no_memory,
                       max_iterations=args.max_iterations)
         async with agent:
             start = getattr(agent.llm, "start", None)
