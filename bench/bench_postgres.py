@@ -1,11 +1,15 @@
 """PostgreSQL: how task throughput scales with worker processes, and what a turn costs.
 
-1. Tasks per second (and worker CPU per task) with 1, 2 and 4 worker processes on one PostgreSQL database. Each task is
-   one tool call and an answer from a ScriptedLLM with 20 ms latency per call, on a few shared
-   conversations of a few users (rows contend as in a real service); each worker runs 4 tasks
-   at a time. Workers connect and warm up first, then start together; throughput is all
-   tasks over the span from the first start to the last end. Reported: median over runs and
-   the scaling ratio against one worker.
+1. Tasks per second (and worker CPU per task) with 1, 2 and 4 worker processes on one
+   PostgreSQL database. Each task is one tool call and an answer from a ScriptedLLM with 20 ms
+   latency per call; each worker runs 4 tasks at a time. Two workloads: "own users" (each
+   worker serves its own 4 users, one conversation each, as a service's replicas serving many
+   users) and "shared" (every worker's tasks go to the same 4 conversations, so with N workers
+   each conversation has N tasks appending at once: the worst case, where appends to one
+   conversation queue behind each other's durable commit, since messages are numbered in
+   order under the conversation's row lock). Workers connect and warm up first, then start
+   together; throughput is all tasks over the span from the first start to the last end.
+   Reported: median over runs and the scaling ratio against one worker.
 2. The per-turn cost of a durable conversation on PostgreSQL next to SQLite, in this process,
    with the same workload: a conversation of many turns (each a task with a direct answer from
    an instant model), backends alternated turn by turn; medians of early and late turns and
@@ -89,14 +93,15 @@ async def fresh_database() -> AsyncIterator[str]:
 # -- part 1: worker processes ----------------------------------------------------------------
 
 
-async def worker(dsn: str, worker_id: int, tasks: int) -> None:
-    """One worker process: warm up, say ready, wait for go, run ``tasks``, report times."""
+async def worker(dsn: str, worker_id: int, tasks: int, shared: bool) -> None:
+    """One worker process: warm up, say ready, wait for go, run ``tasks``, report times.
+    ``shared``: its users (and conversations) are every worker's, not its own."""
     store = PostgresStore(dsn, max_size=CONCURRENCY + 1)
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(index: int) -> None:
         marker = f"w{worker_id}t{index}"
-        user = f"u{index % USERS}"
+        user = f"u{index % USERS}" if shared else f"w{worker_id}u{index % USERS}"
         async with gate:
             agent = Agent(llm=ScriptedLLM(_script(marker), delay=LATENCY), tools=[note],
                           store=store)
@@ -113,11 +118,12 @@ async def worker(dsn: str, worker_id: int, tasks: int) -> None:
     print(json.dumps({"start": start, "end": end, "tasks": tasks, "cpu": cpu}), flush=True)
 
 
-def run_workers(dsn: str, processes: int, tasks: int) -> tuple[float, float]:
+def run_workers(dsn: str, processes: int, tasks: int, shared: bool) -> tuple[float, float]:
     """Tasks per second of ``processes`` workers started together, and worker CPU ms per task."""
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "bench.bench_postgres", "--worker", dsn, str(n), str(tasks)],
+            [sys.executable, "-m", "bench.bench_postgres", "--worker", dsn, str(n), str(tasks),
+             "shared" if shared else "own"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         for n in range(processes)
@@ -139,12 +145,12 @@ def run_workers(dsn: str, processes: int, tasks: int) -> tuple[float, float]:
     return done / span, 1000 * sum(r["cpu"] for r in reports) / done
 
 
-async def throughput(tasks: int, runs: int) -> dict[int, tuple[float, float]]:
+async def throughput(tasks: int, runs: int, shared: bool) -> dict[int, tuple[float, float]]:
     results: dict[int, list[tuple[float, float]]] = {1: [], 2: [], 4: []}
     for _ in range(runs):
         for processes in results:  # interleaved, so load changes hit every count alike
             async with fresh_database() as dsn:
-                figures = await asyncio.to_thread(run_workers, dsn, processes, tasks)
+                figures = await asyncio.to_thread(run_workers, dsn, processes, tasks, shared)
             results[processes].append(figures)
     return {
         p: (statistics.median(r for r, _ in runs_), statistics.median(c for _, c in runs_))
@@ -271,12 +277,15 @@ async def main(quick: bool) -> None:
     tasks, runs, turns = (20, 1, 60) if quick else (60, 3, 1000)
     print(f"PostgreSQL benchmark ({'quick' if quick else 'full'}): {os.cpu_count()} cores, "
           "shared and busy: absolute figures are noisy, compare the ratios")
-    rates = await throughput(tasks, runs)
     print(f"\n1. throughput: {tasks} tasks per worker, {CONCURRENCY} at a time, ScriptedLLM "
           f"{LATENCY * 1000:.0f} ms per call, median of {runs} run(s)")
-    for processes, (rate, cpu) in rates.items():
-        print(f"   {processes} worker(s): {rate:7.1f} tasks/s   scaling x{rate / rates[1][0]:.2f}"
-              f"   worker CPU {cpu:5.2f} ms/task")
+    for shared in (False, True):
+        rates = await throughput(tasks, runs, shared)
+        print("   shared conversations (every worker's tasks on the same 4):" if shared else
+              "   own users (each worker's 4 users its own):")
+        for processes, (rate, cpu) in rates.items():
+            print(f"     {processes} worker(s): {rate:7.1f} tasks/s   "
+                  f"scaling x{rate / rates[1][0]:.2f}   worker CPU {cpu:5.2f} ms/task")
     costs = await per_turn(turns)
     print(f"\n2. per-turn cost of one durable conversation ({turns} turns, instant model; "
           "early = turn 10, late = the last turn, each the median of 11 turns around it)")
@@ -300,10 +309,11 @@ async def main(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run")
-    parser.add_argument("--worker", nargs=3, metavar=("DSN", "ID", "TASKS"),
+    parser.add_argument("--worker", nargs=4, metavar=("DSN", "ID", "TASKS", "USERS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        asyncio.run(worker(args.worker[0], int(args.worker[1]), int(args.worker[2])))
+        asyncio.run(worker(args.worker[0], int(args.worker[1]), int(args.worker[2]),
+                           args.worker[3] == "shared"))
     else:
         asyncio.run(main(args.quick))

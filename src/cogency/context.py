@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import operator
+from bisect import bisect_right
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from ._fence import fence
@@ -91,10 +94,16 @@ def prompt_messages(
     Tool calls and results appear as the model's own action message and a user message
     marked as tool data.
     """
-    # Runs every iteration over the whole window, so each message keeps its chat form and its
-    # cost (under CHAT_KEY; stored messages never change): the common case, everything fits,
-    # is one pass in Python and two in C.
-    memo = [message.get(CHAT_KEY) or _remember(message) for message in history]
+    # Runs every iteration over the whole window (hundreds or thousands of messages late in a
+    # conversation), so each message keeps its chat form and its cost (under CHAT_KEY; stored
+    # messages never change) and every pass over the window runs in C: a turn's cost stays
+    # flat as the conversation grows. Python loops only over the task's own messages.
+    memo = list(map(_MEMO, history))
+    with suppress(ValueError):  # ends at the last message new to this window
+        index = memo.index(None)
+        while True:
+            memo[index] = _remember(history[index])
+            index = memo.index(None, index + 1)
     head: list[Message] = [{"role": "system", "content": system}]
     room = window - output
     total = sum(map(_COST, memo))
@@ -106,7 +115,10 @@ def prompt_messages(
     budget = room - system_tokens
     if total <= budget:
         return [*head, *map(_CHAT, memo)]
-    start = next((i for i, m in enumerate(history) if m.get("task_id") == task_id), len(history))
+    try:
+        start = list(map(_TASK, history)).index(task_id)
+    except ValueError:
+        start = len(history)
     if start < len(history):
         check_query_fits(memo[start][1] - MESSAGE_TOKENS, system_tokens, window, output)
         own, budget = [memo[start][0]], budget - memo[start][1]
@@ -122,13 +134,10 @@ def prompt_messages(
         own.extend(reversed(rest))
     else:
         own = []
-    older: list[Message] = []
-    for chat, cost in reversed(memo[:start]):
-        if cost > budget:
-            break
-        budget -= cost
-        older.append(chat)
-    return [*head, *reversed(older), *own]
+    # Older history, newest first, while it fits: the longest run whose running cost (never
+    # decreasing: every cost is positive) stays within the budget.
+    fits = bisect_right(list(accumulate(map(_COST, reversed(memo[:start])))), budget)
+    return [*head, *map(_CHAT, memo[start - fits:start]), *own]
 
 
 def check_query_fits(query_tokens: int, system_tokens: int, window: int, output: int) -> None:
@@ -146,6 +155,7 @@ def check_query_fits(query_tokens: int, system_tokens: int, window: int, output:
 
 CHAT_KEY = "_chat"
 _CHAT, _COST = operator.itemgetter(0), operator.itemgetter(1)
+_MEMO, _TASK = operator.methodcaller("get", CHAT_KEY), operator.methodcaller("get", "task_id")
 
 
 def _remember(message: dict[str, Any]) -> tuple[Message, int]:

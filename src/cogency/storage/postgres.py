@@ -1349,11 +1349,11 @@ class _Window:
 
     __slots__ = ("budget", "messages", "used", "last_seq", "last_stamp")
 
-    def __init__(self, budget: int, messages: list[dict[str, Any]], last_seq: int,
+    def __init__(self, budget: int, messages: list[dict[str, Any]], used: int, last_seq: int,
                  last_stamp: str) -> None:
-        self.budget, self.messages, self.last_seq = budget, messages, last_seq
-        self.used = sum(m["tokens"] for m in messages)
-        self.last_stamp = last_stamp
+        # ``used``: the tokens of ``messages``, kept as they come and go (never re-summed).
+        self.budget, self.messages, self.used = budget, messages, used
+        self.last_seq, self.last_stamp = last_seq, last_stamp
 
 
 class _Windows:
@@ -1418,9 +1418,10 @@ class _Windows:
                     return None  # older messages may still fit: the caller reads them
             window = picked[::-1]
         if fresh:
-            entry = _Window(budget, window, fresh[-1]["seq"], fresh[-1].get("created_at") or "")
+            entry = _Window(budget, window, used, fresh[-1]["seq"],
+                            fresh[-1].get("created_at") or "")
         else:
-            entry = cached or _Window(budget, window, 0, "")
+            entry = cached or _Window(budget, window, used, 0, "")
         self._entries[conversation_id] = entry
         self._entries.move_to_end(conversation_id)
         if len(self._entries) > self.size:
@@ -1451,8 +1452,12 @@ _SAVE = (
     "m AS (SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::int[], "
     "$16::text[], $17::text[]) WITH ORDINALITY "
     "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
-    "old AS (SELECT x.message_id, x.seq FROM m JOIN conversation_messages x "
-    "ON x.conversation_id = $1 AND x.message_id = m.message_id), "
+    # One probe of the (conversation_id, message_id) index per message: a join (or
+    # = ANY) was planned, in the generic plan made while the table was small, as a scan of
+    # the whole conversation, so a save cost more every turn.
+    "old AS (SELECT message_id, seq FROM (SELECT m.message_id, (SELECT x.seq "
+    "FROM conversation_messages x WHERE x.conversation_id = $1 "
+    "AND x.message_id = m.message_id) AS seq FROM m) probe WHERE seq IS NOT NULL), "
     "fresh AS (SELECT m.*, row_number() OVER (ORDER BY ord) AS n FROM m "
     "WHERE m.message_id IS NULL OR m.message_id NOT IN (SELECT message_id FROM old)), "
     "counter AS (UPDATE conversations SET message_count = message_count + "
