@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -106,3 +107,12 @@ def wait_for(condition: Any, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for a condition")
         time.sleep(0.02)
+
+
+def rows(db: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows straight from a SQLite database file, outside the server."""
+    connection = sqlite3.connect(db)
+    try:
+        return connection.execute(sql, params).fetchall()
+    finally:
+        connection.close()

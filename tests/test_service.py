@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import uuid
 
 import pytest
 
-from serverutil import Server, create_key, sse_events
+from serverutil import Server, create_key, rows, sse_events, wait_for
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
 
@@ -27,14 +26,6 @@ def service(tmp_path_factory):
                     "--max-body", "20000", "--max-query", "1000")
     yield server, keys, db, tmp
     server.stop()
-
-
-def rows(db, sql, *params):
-    connection = sqlite3.connect(db)
-    try:
-        return connection.execute(sql, params).fetchall()
-    finally:
-        connection.close()
 
 
 def run(client, query, **fields):
@@ -56,8 +47,6 @@ def test_a_run_answers_and_is_stored_for_its_keys_user(service):
 
 
 def test_the_service_learns_each_users_profile_by_default(service):
-    from serverutil import wait_for
-
     server, _, db, _ = service
     key = create_key(db, "dana")
 
@@ -326,7 +315,6 @@ def test_a_client_that_leaves_does_not_stop_its_run(service):
         # the connection is closed; the run goes on and its answer is stored
         gate.touch()
         conversation = start["conversation_id"]
-        from serverutil import wait_for
 
         wait_for(lambda: len(alice.get(f"/api/conversations/{conversation}/messages").json()) == 2)
         answer = alice.get(f"/api/conversations/{conversation}/messages").json()[-1]

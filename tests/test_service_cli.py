@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import uuid
 
 import pytest
 
-from serverutil import LLM, Server, env, sse_events, wait_for
+from serverutil import LLM, Server, create_key, env, rows, sse_events, wait_for
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
 
@@ -22,14 +21,6 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed (pip ins
 def cogency(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "cogency.cli", *args], capture_output=True,
                           text=True, env=env(), timeout=timeout)
-
-
-def rows(db, sql, *params):
-    connection = sqlite3.connect(db)
-    try:
-        return connection.execute(sql, params).fetchall()
-    finally:
-        connection.close()
 
 
 def test_keys_create_list_revoke(tmp_path):
@@ -95,8 +86,6 @@ def _start_gated_run(server, key, gate):
 
 
 def test_sigterm_finishes_runs_in_flight(tmp_path):
-    from serverutil import create_key
-
     db = str(tmp_path / "term.db")
     key = create_key(db, "alice")
     server = Server(db, tmp_path, "--grace", "20")
@@ -114,8 +103,6 @@ def test_sigterm_finishes_runs_in_flight(tmp_path):
 
 
 def test_sigterm_saves_a_run_that_outlasts_the_grace(tmp_path):
-    from serverutil import create_key
-
     db = str(tmp_path / "term.db")
     key = create_key(db, "alice")
     server = Server(db, tmp_path, "--grace", "0.5")
