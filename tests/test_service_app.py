@@ -54,3 +54,34 @@ async def test_a_chunked_body_over_the_limit_is_refused(app_client, db):
         assert small.json()["response"] == "echo: small"
     assert db.execute("SELECT content FROM conversation_messages ORDER BY seq").fetchall() == [
         ("small",), ("echo: small",)]
+
+
+async def test_concurrent_resumes_never_pass_the_per_key_limit(store):
+    import asyncio
+
+    from cogency.server.errors import TooManyRuns
+    from cogency.server.runs import Runs
+    from cogency.testing import ScriptedLLM
+
+    # No answer in one iteration: each task stays unfinished, to be resumed.
+    agent = Agent(llm=ScriptedLLM([{"understanding": "not yet"}] * 5), store=store,
+                  max_iterations=1)
+    tasks = [(await agent.run(f"task {n}", user_id="alice")).task_id for n in range(5)]
+    held = asyncio.Event()
+
+    async def slow(messages):
+        await held.wait()  # every resumed run stays in flight
+        return {"response": "done"}
+
+    agent.llm = ScriptedLLM([slow] * 1000)
+    runs = Runs(agent, max_per_key=2)
+    outcomes = await asyncio.gather(
+        *(runs.start("alice", "key", task_id=task) for task in tasks), return_exceptions=True
+    )
+    refused = [o for o in outcomes if isinstance(o, TooManyRuns)]
+    assert len(refused) == 3 and len(runs) == 2, outcomes  # was 5 in flight: the check raced
+    held.set()
+    await runs.shutdown(10)
+    await agent.close()
+    finished = await store.list_tasks("alice")
+    assert len(finished) == 3  # the two that ran completed; the three refused are untouched

@@ -148,6 +148,20 @@ class Runs:
                 f"this key has {self._per_key[key_id]} runs in flight, the most this server "
                 "allows; wait for one to end"
             )
+        self._per_key[key_id] += 1  # taken before any await: concurrent requests see it
+        try:
+            run = await self._open(key_id, user_id, query, conversation_id, task_id, history,
+                                   approvals)
+        except BaseException:
+            self._release_slot(key_id)
+            raise
+        await run.started()
+        return run
+
+    async def _open(self, key_id: str, user_id: str, query: str | None,
+                    conversation_id: str | None, task_id: str | None,
+                    history: Sequence[tuple[str, str]],
+                    approvals: dict[str, bool] | None) -> Run:
         store = self.agent.store
         if task_id is not None:
             # checks the ids first
@@ -159,16 +173,10 @@ class Runs:
             assert query is not None
             events = self.agent.stream(query, user_id, conversation_id, history=history)
         runner = new_runner()
-        self._per_key[key_id] += 1
-        try:
-            await store.hold_conversation(conversation_id, user_id, runner)
-        except BaseException:
-            self._release_slot(key_id)
-            raise
+        await store.hold_conversation(conversation_id, user_id, runner)
         run = Run(user_id, key_id, conversation_id)
         self._live.add(run)
         run.task = asyncio.create_task(self._drive(run, events, runner))
-        await run.started()
         return run
 
     async def _drive(self, run: Run, events: Any, runner: str) -> None:
