@@ -311,8 +311,9 @@ class Agent:
         emit(Start(task, state.conversation.conversation_id, state.query, resumed))
         try:
             if resumed:
-                # By task, not in the loaded window: a long result never hides the others.
-                stored = await self.store.load_task_messages(task, state.user_id)
+                # State.continue_task loaded the task's own messages whole, whatever the
+                # history window (by task from the store when they outgrew it).
+                stored = [m for m in ex.messages if m.get("task_id") == task]
                 recorded = _recorded_results(stored)
                 if not stored:  # begun by State.start_task alone: the query is not stored yet
                     add_message(state, "user", state.query)
