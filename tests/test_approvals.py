@@ -295,3 +295,30 @@ async def test_pause_and_approve_on_each_backend(any_store, raw):
     result = await agent.resume(paused.task_id, user_id="ada", approvals={pending["id"]: True})
     assert result.stop_reason == "completed" and ran == ["read", "a"]
     assert await raw("SELECT COUNT(*) FROM task_approvals") == [(0,)]
+
+
+async def test_an_approve_callable_that_raises_leaves_the_call_waiting(store, db, caplog):
+    ran: list[str] = []
+
+    async def broken(request):
+        raise ConnectionError("the approval service is down")
+
+    llm = ScriptedLLM([reply(actions=[call("write_note", text="a"), call("read_note")])])
+    agent = Agent(llm=llm, tools=make_tools(ran), store=store, approve=broken)
+    result = await agent.run("note a", user_id="ada")
+    # Fails closed and loses nothing: the call was not run, it waits for a person, and the
+    # step is whole (was: the callable's raw error out of run(), an action stored with no
+    # result for the call).
+    assert result.stop_reason == "awaiting_approval", result.error
+    assert [c["name"] for c in result.pending_approvals] == ["write_note"]
+    assert ran == ["read"]
+    assert [status for _, _, status, _ in approvals_rows(db)] == ["pending"]
+    assert [r["name"] for r in tool_results(db)] == ["read_note"]
+    assert "approval service is down" in caplog.text
+    # Deciding at resume with the same broken policy is a clear error; nothing is decided.
+    resumed = Agent(llm=ScriptedLLM([reply("ok")]), tools=make_tools(ran), store=store,
+                    approve=broken)
+    with pytest.raises(UsageError, match="approve callable raised ConnectionError"):
+        await resumed.resume(result.task_id, user_id="ada")
+    assert [status for _, _, status, _ in approvals_rows(db)] == ["pending"]
+    assert ran == ["read"]

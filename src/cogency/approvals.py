@@ -11,6 +11,7 @@ before it starts, so a crash during it never makes it run again.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Union
 
@@ -19,6 +20,8 @@ from .errors import ApprovalRequiredError, UsageError
 from .events import Action, Event, Result
 from .state.state import State, add_message, await_approval, settle_approval
 from .tools.base import Tool, run_tools
+
+_log = logging.getLogger(__name__)
 
 Policy = Union[Literal[True], None, Callable[[dict[str, Any]], Union[Awaitable[bool], bool]]]
 """``None`` (pause), ``True`` (allow all) or a callable of the call returning a bool."""
@@ -53,8 +56,13 @@ async def run_step(
         elif policy is None:
             allowed.append(None)
         else:
-            allowed.append(await _ask(policy, {**call, "task_id": state.task_id,
-                                               "user_id": state.user_id}))
+            try:
+                allowed.append(await _ask(policy, {**call, "task_id": state.task_id,
+                                                   "user_id": state.user_id}))
+            except _PolicyRaised as exc:  # fails closed: the call waits for a person
+                _log.warning("%s; call %s of task %s now waits for approval", exc,
+                             call.get("id"), state.task_id)
+                allowed.append(None)
     ran = iter(await run_tools(tools, [c for c, ok in zip(calls, allowed) if ok]))
     results: list[dict[str, Any] | None] = []
     waiting = []
@@ -126,12 +134,21 @@ async def settle_decided(
     return True
 
 
+class _PolicyRaised(UsageError):
+    """The approve callable raised: during a run its call waits for a person instead."""
+
+
 async def _ask(policy: Policy, call: dict[str, Any]) -> bool:
     if policy is None or policy is True:
         return policy is True
-    verdict = policy(call)
-    if inspect.isawaitable(verdict):
-        verdict = await verdict
+    try:
+        verdict = policy(call)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+    except Exception as exc:
+        raise _PolicyRaised(
+            f"the approve callable raised {type(exc).__name__}: {exc} (deciding {call['name']})"
+        ) from exc
     if not isinstance(verdict, bool):
         raise UsageError(f"the approve callable must return True or False, not {verdict!r}")
     return verdict

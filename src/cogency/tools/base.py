@@ -9,6 +9,7 @@ import enum
 import functools
 import inspect
 import json
+import logging
 import os
 import re
 import threading
@@ -21,6 +22,8 @@ from typing import Any, Literal, Protocol, Union, get_args, get_origin, overload
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
 from ..tokens import truncate_tokens
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 MAX_OUTPUT_CHARS = 20_000
@@ -95,7 +98,9 @@ class Tool:
             verdict = rule(dict(args))
             if inspect.isawaitable(verdict):
                 verdict = await verdict
-        except Exception:  # a broken rule must not let a call through unasked
+        except Exception as exc:  # a broken rule must not let a call through unasked
+            _log.warning("the needs_approval rule of %s raised %s: %s; the call needs approval",
+                         self.name, type(exc).__name__, exc)
             return True
         return verdict is not False
 
