@@ -120,6 +120,7 @@ def test_what_cannot_be_honoured_is_a_400(served):
         (dict(messages=hello, n=2), "n"),
         (dict(messages=hello, temperature=0.2), "temperature"),
         (dict(messages=[{"role": "system", "content": "be terse"}, *hello]), "messages"),
+        (dict(messages=[{"role": "user", "content": "x"}] * 501), "messages"),  # bounded
     ]
     for fields, param in cases:
         with pytest.raises(openai.BadRequestError) as caught:

@@ -49,6 +49,8 @@ MODEL = "cogency"
 _HEADER = "X-Cogency-Conversation-Id"
 RECENT = 50
 """How many of the user's newest conversations a resent chat history is matched against."""
+MAX_MESSAGES = 500
+"""The most messages a chat request may carry (each resent turn is compared and may be stored)."""
 
 
 class ModelNotFound(ServiceError):
@@ -101,6 +103,11 @@ async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> A
         raise Unsupported("n must be 1: the agent gives one answer per run", "n")
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     conversation = (body.metadata or {}).get("conversation_id")
+    if len(body.messages) > MAX_MESSAGES:
+        raise Unsupported(
+            f"a request carries at most {MAX_MESSAGES} messages, this one {len(body.messages)}: "
+            "Cogency keeps the history, so name the conversation (metadata.conversation_id) "
+            "and send only the new message", "messages")
     query = _query(body.messages, "messages")
     history: list[tuple[str, str]] = []
     if conversation is None and len(body.messages) > 1:
