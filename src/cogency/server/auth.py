@@ -34,9 +34,6 @@ class Caller:
         """Newest first (the ``limit`` newest)."""
         return await self._store.list_conversations(self.user_id, limit=limit)
 
-    async def conversation(self, conversation_id: str) -> ConversationRecord:
-        return await self._store.load_conversation(conversation_id, self.user_id)
-
     async def messages(self, conversation_id: str, limit: int) -> list[dict[str, Any]]:
         return await self._store.load_messages(conversation_id, self.user_id, limit=limit)
 
