@@ -12,12 +12,13 @@
    Reported: median over runs and the scaling ratio against one worker.
 2. The per-turn cost of a durable conversation on PostgreSQL next to SQLite, in this process,
    with the same workload: a conversation of many turns (each a task with a direct answer from
-   an instant model), backends alternated turn by turn; medians of early and late turns and
-   the PostgreSQL/SQLite ratio, next to one bare PostgreSQL round trip measured right after.
+   an instant model), backends alternated turn by turn; the median turn and the
+   PostgreSQL/SQLite ratio, next to one bare PostgreSQL round trip measured right after.
    PostgreSQL is measured twice: with the server's default durable commits (each waits for a
    disk flush) and with ``synchronous_commit=False``, the durability of the SQLite store's
    WAL + synchronous=NORMAL (safe from process crashes; an OS crash may lose the last commits).
-   Turn 10 against turn 1,000 (``--quick``: 60) shows whether a turn slows as history grows.
+   Then turn 10 against turn 1,000 (``--quick``: 60), whether a turn slows as history grows:
+   turns of the long conversation alternated with turns 5-15 of young ones (see per_turn).
 3. Round trips to PostgreSQL of one one-step turn (a task answered at once) in a warm store,
    counted at the driver, by store call.
 
@@ -42,8 +43,9 @@ import tempfile
 import time
 import uuid
 from contextlib import asynccontextmanager
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from cogency import Agent, tool
@@ -230,8 +232,28 @@ async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
 # -- part 2: per-turn cost -------------------------------------------------------------------
 
 
-async def per_turn(turns: int) -> dict[str, dict[str, float]]:
-    """Per-turn milliseconds of one long conversation on each backend, alternated."""
+def _one_turn(store: Any, conversation: str | None, turn: int) -> Awaitable[Any]:
+    agent = Agent(llm=ScriptedLLM([{"secure": True, "response": f"answer {turn}",
+                                    "actions": []}]), store=store)
+    return agent.run(f"turn {turn}", "alice", conversation)
+
+
+async def _timed_turn(store: Any, conversation: str | None, turn: int) -> tuple[str, float]:
+    began = time.perf_counter()
+    result = await _one_turn(store, conversation, turn)
+    return result.conversation_id, (time.perf_counter() - began) * 1000
+
+
+async def per_turn(turns: int, pairs: int) -> dict[str, dict[str, float]]:
+    """Per-turn milliseconds on each backend, in two phases, backends alternated turn by turn.
+
+    1. One conversation grows to ``turns`` turns: the median of all its turns.
+    2. Turn 10 against turn ``turns``: each backend alternates a turn of that long conversation
+       with a turn of a young one (a new conversation every 20 turns, timed at its turns 5 to
+       15), ``pairs`` times. Early and late turns run side by side, so a slow minute of the
+       machine (a disk flush takes 1 ms one minute and 10 the next) slows both alike; timing
+       turn 10 first and turn 1,000 minutes later compares two moments as much as two turns.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         async with fresh_database() as dsn:
             stores = {
@@ -241,31 +263,36 @@ async def per_turn(turns: int) -> dict[str, dict[str, float]]:
                 "sqlite": SQLiteStore(Path(tmp) / "b.db"),
             }
             times: dict[str, list[float]] = {name: [] for name in stores}
-            conversation: dict[str, str | None] = {name: None for name in stores}
+            early: dict[str, list[float]] = {name: [] for name in stores}
+            late: dict[str, list[float]] = {name: [] for name in stores}
+            long: dict[str, str | None] = {name: None for name in stores}
+            young: dict[str, str | None] = {name: None for name in stores}
             try:
                 for turn in range(turns + 1):
                     for name, store in stores.items():
-                        agent = Agent(
-                            llm=ScriptedLLM([{"secure": True, "response": f"answer {turn}",
-                                              "actions": []}]),
-                            store=store,
-                        )
-                        began = time.perf_counter()
-                        result = await agent.run(f"turn {turn}", "alice", conversation[name])
-                        elapsed = time.perf_counter() - began
-                        conversation[name] = result.conversation_id
+                        long[name], elapsed = await _timed_turn(store, long[name], turn)
                         if turn:  # turn 0 opens the store
-                            times[name].append(elapsed * 1000)
+                            times[name].append(elapsed)
+                for pair in range(pairs):
+                    age = pair % 20  # the young conversation's turn
+                    for name, store in stores.items():
+                        if age == 0:
+                            young[name] = None
+                        young[name], elapsed = await _timed_turn(store, young[name], age)
+                        if 5 <= age <= 15:
+                            early[name].append(elapsed)
+                        long[name], elapsed = await _timed_turn(store, long[name],
+                                                                turns + 1 + pair)
+                        late[name].append(elapsed)
                 rtt = await round_trip(stores["postgres"])
             finally:
                 for store in stores.values():
                     await store.close()
-    # Turn 10 and the last turn, each as the median of the 11 turns around it.
     figures = {
         name: {
             "median": statistics.median(values),
-            "early": statistics.median(values[4:15]),
-            "late": statistics.median(values[-11:]),
+            "early": statistics.median(early[name]),
+            "late": statistics.median(late[name]),
         }
         for name, values in times.items()
     }
@@ -274,7 +301,7 @@ async def per_turn(turns: int) -> dict[str, dict[str, float]]:
 
 
 async def main(quick: bool) -> None:
-    tasks, runs, turns = (20, 1, 60) if quick else (60, 3, 1000)
+    tasks, runs, turns, pairs = (20, 1, 60, 60) if quick else (60, 3, 1000, 400)
     print(f"PostgreSQL benchmark ({'quick' if quick else 'full'}): {os.cpu_count()} cores, "
           "shared and busy: absolute figures are noisy, compare the ratios")
     print(f"\n1. throughput: {tasks} tasks per worker, {CONCURRENCY} at a time, ScriptedLLM "
@@ -286,9 +313,10 @@ async def main(quick: bool) -> None:
         for processes, (rate, cpu) in rates.items():
             print(f"     {processes} worker(s): {rate:7.1f} tasks/s   "
                   f"scaling x{rate / rates[1][0]:.2f}   worker CPU {cpu:5.2f} ms/task")
-    costs = await per_turn(turns)
-    print(f"\n2. per-turn cost of one durable conversation ({turns} turns, instant model; "
-          "early = turn 10, late = the last turn, each the median of 11 turns around it)")
+    costs = await per_turn(turns, pairs)
+    print(f"\n2. per-turn cost of one durable conversation ({turns} turns, instant model), "
+          f"median of all turns; then {pairs} turns past turn {turns} (late) side by side with "
+          "turns 5-15 of young conversations (early)")
     for name, figures in costs.items():
         print(f"   {name:21s}: median {figures['median']:6.2f} ms   early {figures['early']:6.2f}"
               f" ms   late {figures['late']:6.2f} ms")

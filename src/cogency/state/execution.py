@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._history import History
+
 
 @dataclass
 class Execution:
@@ -13,7 +15,9 @@ class Execution:
     iteration: int = 0
     max_iterations: int = 10
     stop_reason: str | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=History)
+    """The history window and this run's messages: a :class:`~cogency._history.History`, a
+    list that keeps what building each prompt needs of every message."""
     response: str | None = None
     pending_calls: list[dict[str, Any]] = field(default_factory=list)
     completed_calls: list[dict[str, Any]] = field(default_factory=list)

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _time
+from .._history import History, as_history
 from .._redact import scrub_surrogates
 from ..errors import CorruptDataError, UsageError
 from ..storage.base import ConversationRecord, SaveBatch, TaskRecord
@@ -128,13 +129,14 @@ class State:
         state._saved_workspace = state.workspace.to_dict()
         state.epoch = 1 if runner else None
         recent = record.recent if record.recent is not None else first
+        if not isinstance(recent, History):  # a store's History is a copy of its own: ours
+            recent = History(recent)
         # The query is the newest message, so the window holds it iff it ends with it (one
         # check, not a pass over a window that grows with the conversation).
         if first and (not recent or recent[-1].get("task_id") != state.task_id):
-            # a query longer than history_tokens: it still counts
-            recent = [*recent, first[-1]]
+            recent.append(first[-1])  # a query longer than history_tokens: it still counts
         state.conversation = _conversation_from(record, recent)
-        state.execution.messages = list(recent)
+        state.execution.messages = recent
         return state
 
     @classmethod
@@ -168,7 +170,7 @@ class State:
             task_id=task_id,
             conversation=_conversation_from(record, history),
             workspace=Workspace.from_dict(task.workspace),
-            execution=Execution(max_iterations=max_iterations, messages=list(history)),
+            execution=Execution(max_iterations=max_iterations, messages=as_history(history)),
             store=store,
             version=task.version,
             _owns_store=owned,

@@ -14,13 +14,13 @@ import asyncio
 import hashlib
 import os
 import re
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .. import _time
+from .._history import History
 from .._json import dumps
 from ..errors import (
     CogencyError,
@@ -35,6 +35,7 @@ from ..errors import (
     UsageError,
 )
 from ..memory.profile import Profile
+from ._window import Window, Windows
 from .base import (
     MIGRATION_NAMES,
     ApiKeyRecord,
@@ -74,6 +75,10 @@ _RETRIES = 3
 _LOST_CONNECTION_RETRIES = 1
 _MESSAGE_BATCH = 256
 """Rows fetched per round trip while windowing history (newest first, stops at the budget)."""
+_TASK_KEY = "task_id = $1 AND user_id IS NOT DISTINCT FROM $2"
+"""A task of its user: found by its key, the owner checked on that one row. ``IS NOT DISTINCT
+FROM`` is never an index condition, so no plan walks the user's index instead (one row per
+task the user has open, read by every save)."""
 
 
 # -- migrations: the same names, in the same order, as SQLite ------------------------------
@@ -476,6 +481,7 @@ class PostgresStore:
             "application_name": name,
             "lock_timeout": str(int(self.lock_timeout * 1000)),
             "timezone": "UTC",
+            "plan_cache_mode": "force_generic_plan",
         }
         if name == "cogency-leases":
             # The lease session writes only the runner column, shown to people; the lock
@@ -702,13 +708,13 @@ class PostgresStore:
             # (or it was this store's, from a run that ended without letting go).
             epoch = await db.fetchval(
                 "UPDATE task_workspaces t SET runner = $3, lease_holder = $4, epoch = t.epoch + 1 "
-                "WHERE t.task_id = $1 AND t.user_id = $2 AND (t.lease_holder IS NULL "
+                "WHERE t." + _TASK_KEY + " AND (t.lease_holder IS NULL "
                 "OR t.lease_holder = $4 OR NOT " + _HELD + ") RETURNING t.epoch",
                 task_id, user_id, runner, key,
             )
             if epoch is None:
                 if await db.fetchval(
-                    "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND user_id = $2",
+                    "SELECT 1 FROM task_workspaces WHERE " + _TASK_KEY,
                     task_id, user_id,
                 ) is None:
                     raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
@@ -747,7 +753,7 @@ class PostgresStore:
             return await db.fetchrow(
                 "UPDATE task_workspaces t SET runner = NULL, lease_holder = NULL, "
                 "epoch = t.epoch + 1 FROM (SELECT task_id, runner FROM task_workspaces "
-                "WHERE task_id = $1 AND user_id = $2 FOR UPDATE) old "
+                "WHERE " + _TASK_KEY + " FOR UPDATE) old "
                 "WHERE t.task_id = old.task_id RETURNING old.runner",
                 task_id, user_id,
             )
@@ -916,9 +922,13 @@ class PostgresStore:
             recent = self._windows.update(
                 task.conversation_id, history_tokens, cached, rows, messages
             )
-            conversation.recent = recent if recent is not None else await self.load_messages(
-                task.conversation_id, task.user_id, token_budget=history_tokens
-            )
+            if recent is None:
+                recent = self._windows.loaded(
+                    task.conversation_id, history_tokens,
+                    await self.load_messages(task.conversation_id, task.user_id,
+                                             token_budget=history_tokens),
+                )
+            conversation.recent = recent
         return conversation
 
     async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
@@ -935,8 +945,7 @@ class PostgresStore:
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
         async def work(db: asyncpg.Connection) -> TaskRecord:
-            row = await db.fetchrow(_TASK_COLUMNS + " WHERE task_id = $1 AND user_id = $2",
-                                    task_id, user_id)
+            row = await db.fetchrow(_TASK_COLUMNS + " WHERE " + _TASK_KEY, task_id, user_id)
             if row is None:
                 raise NotFoundError(_no_task(task_id, user_id))
             task = task_record(row, _get_text)
@@ -977,8 +986,7 @@ class PostgresStore:
             await _owned_task(db, task_id, user_id)
             # Locks the task's calls: a second decider waits, then sees them decided.
             rows = await db.fetch(
-                "SELECT call_id, status FROM task_approvals WHERE task_id = $1 AND user_id = $2 "
-                "FOR UPDATE",
+                "SELECT call_id, status FROM task_approvals WHERE " + _TASK_KEY + " FOR UPDATE",
                 task_id, user_id,
             )
             check_decisions(task_id, {row[0]: row[1] for row in rows}, decisions)
@@ -997,7 +1005,7 @@ class PostgresStore:
         async def work(db: asyncpg.Connection) -> None:
             started = await db.fetchval(
                 "WITH started AS (UPDATE task_approvals SET status = 'running' "
-                "WHERE task_id = $1 AND user_id = $2 AND call_id = ANY($3::text[]) "
+                "WHERE " + _TASK_KEY + " AND call_id = ANY($3::text[]) "
                 "AND status = 'approved' RETURNING 1) SELECT count(*) FROM started",
                 task_id, user_id, list(call_ids),
             )
@@ -1235,7 +1243,7 @@ def _no_task(task_id: str, user_id: str) -> str:
 
 async def _owned_task(db: asyncpg.Connection, task_id: str, user_id: str) -> None:
     if await db.fetchval(
-        "SELECT 1 FROM task_workspaces WHERE task_id = $1 AND user_id = $2", task_id, user_id
+        "SELECT 1 FROM task_workspaces WHERE " + _TASK_KEY, task_id, user_id
     ) is None:
         raise NotFoundError(_no_task(task_id, user_id))
 
@@ -1344,44 +1352,18 @@ _BEGIN = (
 )
 
 
-class _Window:
-    """A cached history window: the newest messages of a conversation within ``budget``."""
-
-    __slots__ = ("budget", "messages", "used", "last_seq", "last_stamp")
-
-    def __init__(self, budget: int, messages: list[dict[str, Any]], used: int, last_seq: int,
-                 last_stamp: str) -> None:
-        # ``used``: the tokens of ``messages``, kept as they come and go (never re-summed).
-        self.budget, self.messages, self.used = budget, messages, used
-        self.last_seq, self.last_stamp = last_seq, last_stamp
-
-
-class _Windows:
-    """The history windows of recently used conversations, so starting a task reads only the
-    messages added since (in the same statement that stores the task).
-
-    As in the SQLite store: messages are append-only and numbered, so a window is brought up
-    to date with the rows after the last seq it saw, after checking that this row is still
-    there unchanged (a conversation erased and made again under its id is read afresh).
-    Bounded to ``size`` conversations.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self.size = size
-        self._entries: OrderedDict[str, _Window] = OrderedDict()
-
-    def get(self, conversation_id: str, budget: int | None) -> _Window | None:
-        entry = self._entries.get(conversation_id)
-        return entry if entry is not None and entry.budget == budget else None
+class _Windows(Windows):
+    """The windows of recently used conversations, so starting a task reads only the
+    messages added since (in the same statement that stores the task)."""
 
     def update(
         self,
         conversation_id: str,
         budget: int,
-        cached: _Window | None,
+        cached: Window | None,
         rows: Sequence[Any],
         added: Sequence[dict[str, Any]],
-    ) -> list[dict[str, Any]] | None:
+    ) -> History | None:
         """The window after ``begin_task`` stored ``added``, from the cached one and the newer
         ``rows``; ``None`` when it cannot be told from them (read it afresh)."""
         newer = [_message(tuple(row)[1:8]) for row in rows if row["kind"] == 1]  # newest first
@@ -1395,41 +1377,26 @@ class _Windows:
         ):
             # A writer committed between this statement's snapshot and its append, the
             # conversation was made again, or more is new than one page: read it afresh.
-            self._entries.pop(conversation_id, None)
+            self.drop(conversation_id)
             return None
+        last_seq, last_stamp = (
+            (fresh[-1]["seq"], fresh[-1].get("created_at") or "") if fresh else (0, ""))
         if cached is not None:
-            window, used = [*cached.messages, *fresh], cached.used + sum(
-                m["tokens"] for m in fresh)
-            drop = 0
-            while drop < len(window) and used > budget:
-                used -= window[drop]["tokens"]
-                drop += 1
-            window = window[drop:]
+            entry = cached.advanced(fresh, last_seq, last_stamp) if fresh else cached
         else:
-            picked: list[dict[str, Any]] = []
-            used = 0
-            for message in reversed(fresh):
-                if used + message["tokens"] > budget:
-                    break
-                used += message["tokens"]
-                picked.append(message)
-            else:
-                if len(newer) >= _MESSAGE_BATCH:
-                    return None  # older messages may still fit: the caller reads them
-            window = picked[::-1]
-        if fresh:
-            entry = _Window(budget, window, used, fresh[-1]["seq"],
-                            fresh[-1].get("created_at") or "")
-        else:
-            entry = cached or _Window(budget, window, used, 0, "")
-        self._entries[conversation_id] = entry
-        self._entries.move_to_end(conversation_id)
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-        return list(window)
+            entry = Window.newest(budget, reversed(fresh), last_seq, last_stamp)
+            if len(entry.messages) == len(fresh) and len(newer) >= _MESSAGE_BATCH:
+                return None  # older messages may still fit: the caller reads them
+        return self.put(conversation_id, entry)
 
-    def clear(self) -> None:
-        self._entries.clear()
+    def loaded(self, conversation_id: str, budget: int, messages: list[dict[str, Any]]
+               ) -> History:
+        """Keep the window ``load_messages`` read (``messages``, oldest first)."""
+        if not messages:  # not even the newest fits: nothing to validate a cache with
+            return History()
+        newest = messages[-1]
+        return self.put(conversation_id, Window.newest(
+            budget, reversed(messages), newest["seq"], newest.get("created_at") or ""))
 
 
 _SAVE = (
@@ -1437,15 +1404,16 @@ _SAVE = (
     # (written when set), $7 expected version, $8 version step, $9 save id, $10 complete,
     # $11 check the task row at all, $12-$17 the messages, $18 profile (written when set).
     # Returns one row of kind 0 (the version) when it wrote, kind 1 per message stored
-    # before (a retry), kind 2 the seq before the first new message.
+    # before (a retry), kind 2 the seq before the first new message. The task row is found by
+    # its key (the owner as in _TASK_KEY).
     "WITH conv AS (SELECT 1 FROM conversations WHERE conversation_id = $1 AND user_id = $3), "
     "task AS (UPDATE task_workspaces SET workspace_data = COALESCE($6::json, workspace_data), "
     "version = version + $8::int, updated_at = $2, last_save = COALESCE($9::text, last_save) "
-    "WHERE $11::bool AND NOT $10::bool AND task_id = $4 AND user_id = $3 "
+    "WHERE $11::bool AND NOT $10::bool AND task_id = $4 AND user_id IS NOT DISTINCT FROM $3 "
     "AND EXISTS (SELECT 1 FROM conv) AND ($6::json IS NULL OR version = $7::int) "
     "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
     "gone AS (DELETE FROM task_workspaces WHERE $11::bool AND $10::bool AND task_id = $4 "
-    "AND user_id = $3 AND EXISTS (SELECT 1 FROM conv) AND version = $7::int "
+    "AND user_id IS NOT DISTINCT FROM $3 AND EXISTS (SELECT 1 FROM conv) AND version = $7::int "
     "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
     "ok AS (SELECT version FROM task UNION ALL SELECT version FROM gone "
     "UNION ALL SELECT $7::int WHERE NOT $11::bool AND EXISTS (SELECT 1 FROM conv)), "
@@ -1495,8 +1463,7 @@ async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
     lease, the task is gone, someone saved first); or, when an earlier attempt of this same
     save landed unseen, returns the version to write over (``None``: a completion landed)."""
     row = await db.fetchrow(
-        "SELECT version, epoch, last_save FROM task_workspaces WHERE task_id = $1 "
-        "AND user_id = $2",
+        "SELECT version, epoch, last_save FROM task_workspaces WHERE " + _TASK_KEY,
         batch.task_id, batch.user_id,
     )
     if row is None:

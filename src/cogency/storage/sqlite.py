@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 from pathlib import Path
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from .. import _time
+from .._history import History
 from .._json import dumps
 from ..errors import (
     ConflictError,
@@ -23,6 +24,7 @@ from ..errors import (
     UsageError,
 )
 from ..memory.profile import Profile
+from ._window import Window, Windows
 from .base import (
     MIGRATION_NAMES,
     ApiKeyRecord,
@@ -1165,79 +1167,45 @@ def _window(
     return picked
 
 
-class _Windows:
-    """The newest messages of recently used conversations, so a turn reads only new rows.
+class _Windows(Windows):
+    """The windows of recently used conversations, brought up to date by reading only the
+    rows after the last ``seq`` each saw: loading history costs the same at turn 10 and turn
+    100,000 however many messages fit the budget."""
 
-    Messages are append-only and numbered, so a cached window is brought up to date by
-    reading the rows after the last ``seq`` it saw: loading history costs the same at turn 10
-    and turn 100,000 however many messages fit the budget. Bounded to ``size`` conversations.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self.size = size
-        # conversation_id -> (budget, window, tokens in window, last seq seen, its created_at)
-        self._entries: OrderedDict[str, tuple[int, list[dict[str, Any]], int, int, str]] = (
-            OrderedDict()
-        )
-
-    def load(
-        self, db: sqlite3.Connection, record: ConversationRecord, budget: int
-    ) -> list[dict[str, Any]]:
+    def load(self, db: sqlite3.Connection, record: ConversationRecord, budget: int) -> History:
         key = record.conversation_id
-        entry = self._entries.pop(key, None)
-        if entry is None or not self._still_valid(db, key, record, budget, entry):
-            rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,)).fetchmany(1)
-            last = rows[0] if rows else None
-            window = _window(
-                db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,)), budget, None
-            )
-            used = sum(m["tokens"] for m in window)
-            last_seq, last_stamp = (last[0], last[5]) if last else (0, "")
-        else:
-            _, window, used, last_seq, last_stamp = entry
-            if record.message_count > last_seq:
-                fresh = [
-                    _message(row)
-                    for row in db.execute(
-                        _SELECT_MESSAGES + " AND seq > ? ORDER BY seq", (key, last_seq)
-                    )
-                ]
-                if fresh:
-                    last_seq, last_stamp = fresh[-1]["seq"], fresh[-1]["created_at"]
-                window = window + fresh
-                used += sum(m["tokens"] for m in fresh)
-                drop = 0
-                while drop < len(window) and used > budget:
-                    used -= window[drop]["tokens"]
-                    drop += 1
-                window = window[drop:]
-        self._entries[key] = (budget, window, used, last_seq, last_stamp)
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-        return list(window)
+        entry = self.get(key, budget)
+        if entry is None or not _still_valid(db, record, entry):
+            rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,))
+            messages = [_message(row) for row in rows.fetchmany(1)]
+            last_seq, last_stamp = (
+                (messages[0]["seq"], messages[0]["created_at"]) if messages else (0, ""))
+            entry = Window.newest(budget, chain(messages, map(_message, rows)), last_seq,
+                                  last_stamp)
+        elif record.message_count > entry.last_seq:
+            fresh = [
+                _message(row)
+                for row in db.execute(
+                    _SELECT_MESSAGES + " AND seq > ? ORDER BY seq", (key, entry.last_seq)
+                )
+            ]
+            if fresh:
+                entry = entry.advanced(fresh, fresh[-1]["seq"], fresh[-1]["created_at"])
+        return self.put(key, entry)
 
-    @staticmethod
-    def _still_valid(
-        db: sqlite3.Connection,
-        key: str,
-        record: ConversationRecord,
-        budget: int,
-        entry: tuple[int, list[dict[str, Any]], int, int, str],
-    ) -> bool:
-        # Same budget, and the last message seen is still there unchanged (a conversation
-        # erased and re-created under the same id is read afresh).
-        if entry[0] != budget or record.message_count < entry[3]:
-            return False
-        if entry[3] == 0:
-            return True
-        row = db.execute(
-            "SELECT created_at FROM conversation_messages WHERE conversation_id = ? AND seq = ?",
-            (key, entry[3]),
-        ).fetchone()
-        return row is not None and row[0] == entry[4]
 
-    def clear(self) -> None:
-        self._entries.clear()
+def _still_valid(db: sqlite3.Connection, record: ConversationRecord, entry: Window) -> bool:
+    # The last message seen is still there unchanged (a conversation erased and re-created
+    # under the same id is read afresh).
+    if record.message_count < entry.last_seq:
+        return False
+    if entry.last_seq == 0:
+        return True
+    row = db.execute(
+        "SELECT created_at FROM conversation_messages WHERE conversation_id = ? AND seq = ?",
+        (record.conversation_id, entry.last_seq),
+    ).fetchone()
+    return row is not None and row[0] == entry.last_stamp
 
 
 def _storage_error(exc: sqlite3.Error, path: str) -> StorageError:

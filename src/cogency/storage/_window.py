@@ -1,0 +1,83 @@
+"""The history windows a store keeps of recently used conversations, so a turn reads only the
+messages added since the last one.
+
+Messages are append-only and numbered (``seq``), so a cached window is brought up to date
+with the rows after the last seq it saw, once the store has checked that this row is still
+there unchanged (a conversation erased and made again under its id is read afresh). The
+window is a :class:`~cogency._history.History`, so what building a prompt needs of each
+message is computed once, when it joins, and handed on with every copy.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from .._history import History
+
+
+class Window:
+    """The newest messages of a conversation whose stored token counts fit ``budget``, and
+    the seq and ``created_at`` of the newest message seen (to check the window still holds)."""
+
+    __slots__ = ("budget", "messages", "used", "last_seq", "last_stamp")
+
+    def __init__(self, budget: int, messages: History, used: int, last_seq: int,
+                 last_stamp: str) -> None:
+        # ``used``: the tokens of ``messages``, kept as they come and go (never re-summed).
+        self.budget, self.messages, self.used = budget, messages, used
+        self.last_seq, self.last_stamp = last_seq, last_stamp
+
+    @classmethod
+    def newest(cls, budget: int, newest_first: Iterable[dict[str, Any]], last_seq: int,
+               last_stamp: str) -> Window:
+        """The window of the messages in ``newest_first`` (newest first) that fit, stopping
+        at the first that does not."""
+        picked: list[dict[str, Any]] = []
+        used = 0
+        for message in newest_first:
+            if used + message["tokens"] > budget:
+                break
+            used += message["tokens"]
+            picked.append(message)
+        return cls(budget, History(reversed(picked)), used, last_seq, last_stamp)
+
+    def advanced(self, fresh: list[dict[str, Any]], last_seq: int, last_stamp: str) -> Window:
+        """This window with ``fresh`` (the messages after ``last_seq``, oldest first) added
+        and the oldest dropped while the window is over budget."""
+        old, used = self.messages, self.used + sum(m["tokens"] for m in fresh)
+        drop = 0  # the oldest messages over budget, counted before anything is copied
+        while drop < len(old) + len(fresh) and used > self.budget:
+            used -= (old[drop] if drop < len(old) else fresh[drop - len(old)])["tokens"]
+            drop += 1
+        messages = old.after(min(drop, len(old)))
+        messages.extend(fresh[max(drop - len(old), 0):])
+        return Window(self.budget, messages, used, last_seq, last_stamp)
+
+
+class Windows:
+    """The windows of the ``size`` most recently used conversations."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._entries: OrderedDict[str, Window] = OrderedDict()
+
+    def get(self, conversation_id: str, budget: int | None) -> Window | None:
+        """The cached window of this budget, if any (the caller checks it still holds)."""
+        entry = self._entries.get(conversation_id)
+        return entry if entry is not None and entry.budget == budget else None
+
+    def put(self, conversation_id: str, window: Window) -> History:
+        """Keep ``window`` as the conversation's; returns a copy of its messages to hand out."""
+        self._entries[conversation_id] = window
+        self._entries.move_to_end(conversation_id)
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return window.messages.copy()
+
+    def drop(self, conversation_id: str) -> None:
+        self._entries.pop(conversation_id, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
