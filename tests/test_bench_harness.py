@@ -111,3 +111,21 @@ def test_a_durable_conversation_that_stores_nothing_fails() -> None:
 def test_cogency_durable_turns_grow_history_and_rows() -> None:
     result = _harness.run_case(cogency_adapter, "long", 0, 0, 12)  # type: ignore[arg-type]
     assert result["rows"] == 24 and len(result["per_turn"]) == 12
+
+
+async def test_quick_postgres_benchmark_runs_both_stores_and_counts_two_round_trips():
+    import pgutil
+
+    await (await pgutil.admin_connect()).close()  # PostgreSQL is up (or a skip outside CI)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_postgres", "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for workers in (1, 2, 4):
+        assert f"{workers} worker(s):" in out
+    for store in ("postgres ", "postgres-async-commit", "sqlite "):
+        assert f"   {store}" in out
+    assert "late/early on postgres: x" in out and "postgres/sqlite: x" in out
+    assert "2 in all; by store call: begin_task 1, save 1" in out
