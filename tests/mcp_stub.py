@@ -1,13 +1,15 @@
 """An MCP server (stdio) that misbehaves on request, for the failure tests.
 
 Plain JSON-RPC lines rather than the SDK, so it starts in a few milliseconds: ``die`` exits
-mid-call, ``hang`` never answers, ``flood`` sends one line bigger than a client should hold;
-``say`` works (to show the server is started again after ``die``); ``book`` takes an
-argument described through ``$defs``.
+mid-call, ``hang`` never answers, ``flood`` sends one line bigger than a client should hold,
+``nap`` sleeps (the server reads nothing more) with a child of its own asleep too; ``say``
+works (to show the server is started again after ``die``);
+``book`` takes an argument described through ``$defs``.
 """
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -27,6 +29,7 @@ TOOLS = [
         ("die", "Exit in the middle of the call."),
         ("hang", "Never answer."),
         ("flood", "Write a 6 MB line with no end."),
+        ("nap", "Sleep for a minute, with a child process asleep too."),
     ]),
 ]
 
@@ -58,6 +61,9 @@ def answer(request):
             os._exit(3)
         if name == "hang":
             return None  # never answered; the server goes on reading
+        if name == "nap":
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # stub-nap"])
+            time.sleep(60)
         if name == "flood":
             sys.stdout.write("x" * 6_000_000)
             sys.stdout.flush()

@@ -50,8 +50,9 @@ def call(name, **args):
     return {"name": name, "args": args}
 
 
-def server_pids(marker: str) -> list[int]:
-    """Live child processes of this test whose command line contains ``marker``."""
+def server_pids(marker: str, children: bool = True) -> list[int]:
+    """Live processes whose command line contains ``marker``: this test's children only,
+    unless ``children`` is False."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -62,7 +63,8 @@ def server_pids(marker: str) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[1]) == os.getpid() and marker in cmdline:
+        if fields[0] != "Z" and (not children or int(fields[1]) == os.getpid()) and \
+                marker in cmdline:
             pids.append(int(entry.name))
     return pids
 
@@ -333,3 +335,52 @@ def test_run_sync_starts_the_server_in_each_event_loop_and_stops_it_after(db_pat
         "SELECT content FROM conversation_messages WHERE role = 'tool' ORDER BY created_at")]
     assert [o.split(" (pid")[0] for o in outputs] == ["said: one", "said: two"]
     assert server_pids("mcp_stub.py") == []
+
+
+async def test_a_server_whose_call_timed_out_is_replaced_for_the_next_call(db_path, db):
+    # "nap" blocks the stub's only thread: the old session can answer nothing more.
+    stub = MCPServer([sys.executable, str(TESTS / "mcp_stub.py")], name="stub", timeout=1,
+                     start_timeout=20, trusted=True)
+    llm = ScriptedLLM([step([call("say", text="before")]), step([call("nap")]),
+                       step([call("say", text="after")]), step(response="awake")])
+    async with Agent(llm=llm, tools=[stub], store=str(db_path)) as agent:
+        result = await agent.run("nap, then talk")
+        napping = server_pids("stub-nap", children=False)
+    assert result.stop_reason == "completed" and result.response == "awake"
+    before, nap, after = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+    assert not nap["ok"]
+    assert nap["error"] == ("ToolError: MCP server 'stub': nap did not answer within 1s; it "
+                            "is started again on the next call")
+    assert after["ok"] and after["output"].startswith("said: after (pid ")
+    old_pid = int(before["output"].split("(pid ")[1].rstrip(")"))
+    new_pid = int(after["output"].split("(pid ")[1].rstrip(")"))
+    assert old_pid != new_pid
+    # The timed-out server and the child it left were stopped, not left asleep.
+    assert napping == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(old_pid, 0)
+
+
+async def test_an_http_servers_reply_is_bounded_in_size(db_path, db):
+    process = subprocess.Popen([sys.executable, str(TESTS / "mcp_http_stub.py")],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        server = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="hostile", trusted=True)
+        llm = ScriptedLLM([step([call("bulk"), call("zipped")]), step([call("say")]),
+                           step(response="ok")])
+        async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
+            result = await agent.run("take the big replies")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert result.stop_reason == "completed" and result.response == "ok"
+    bulk, zipped, say = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+    assert not bulk["ok"] and "MCP server 'hostile': bulk:" in bulk["error"]
+    # Read up to the limit, not on to the end (64 MB), nor unpacked.
+    assert "the reply is over 4194304 bytes (MAX_MESSAGE_BYTES); it was not read further" in \
+        bulk["error"]
+    assert not zipped["ok"] and "MCP server 'hostile': zipped:" in zipped["error"]
+    assert "the reply is compressed (gzip), which was not asked for" in zipped["error"]
+    assert say["ok"] and say["output"] == "hello"  # the server is still usable after

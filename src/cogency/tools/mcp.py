@@ -34,13 +34,15 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 30.0
 """Seconds a server has to start and list its tools."""
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-"""One message from a stdio server; a longer one closes the connection (the call fails)."""
+"""One message from a server: a longer stdio line closes the connection, a longer HTTP reply is
+not read further (either way the call fails)."""
 MAX_TOOLS = 200
 """Tools taken from one server; the rest are left out (and logged)."""
 MAX_DESCRIPTION_CHARS = 1000
 """A tool description longer than this is cut: it goes into every prompt."""
 _STDERR_BYTES = 2000
 """The tail of a server's stderr kept for error messages."""
+_RESTARTED = "it is started again on the next call"
 _STOP_GRACE = 1.0
 """Seconds a stdio server has to exit after its stdin closes, then after SIGTERM."""
 _LAUNCHERS = {"npx", "uvx", "uv", "pipx", "node", "deno", "bun", "bunx", "docker", "python",
@@ -185,10 +187,15 @@ class MCPServer:
         from mcp.shared.exceptions import MCPError
 
         connection = await self._ensure_started()
+        connection.calls += 1
         try:
             result = await connection.client.call_tool(
                 remote_name, args, read_timeout_seconds=timeout
             )
+        except asyncio.CancelledError:  # timed out (see _caller), or the run was cancelled
+            # The server may still be at it, or be stuck: the next call gets a fresh one.
+            connection.retired = True
+            raise
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED or not connection.alive:
                 story = connection.exit_story()  # before stopping it changes the story
@@ -196,12 +203,18 @@ class MCPServer:
                 raise ToolError(f"MCP server {self.name!r} {story}") from exc
             raise ToolError(f"MCP server {self.name!r}: {remote_name}: {exc.message}") from exc
         except (TimeoutError, asyncio.TimeoutError) as exc:
+            connection.retired = True
             raise ToolError(f"MCP server {self.name!r}: {remote_name} did not answer within "
-                            f"{timeout:g}s") from exc
+                            f"{timeout:g}s; {_RESTARTED}") from exc
         except (OSError, ValueError) as exc:  # transport failures, invalid replies
             await self._drop(connection)
             raise ToolError(f"MCP server {self.name!r}: {remote_name}: "
                             f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            connection.calls -= 1
+            if connection.retired and not connection.calls:
+                # Stopped (process group and all) before the error is reported; bounded.
+                await self._drop(connection)
         text = _result_text(result)
         # Off the event loop when big: a server may send megabytes of text.
         text = _clean(text) if len(text) < 50_000 else await asyncio.to_thread(_clean, text)
@@ -217,6 +230,9 @@ class MCPServer:
         self._locks = {k: v for k, v in self._locks.items() if not k.is_closed()}
         async with self._locks.setdefault(loop, asyncio.Lock()):
             connection = self._connection
+            if connection is not None and connection.retired:
+                # A call timed out on it: its last call in flight stops it.
+                self._connection = connection = None
             if connection is not None and (
                 not connection.alive or connection.loop is not asyncio.get_running_loop()
             ):
@@ -271,7 +287,7 @@ class MCPServer:
                                               self.timeout)
             except asyncio.TimeoutError:
                 raise ToolError(f"MCP server {self.name!r}: {remote_name} did not answer "
-                                f"within {self.timeout:g}s") from None
+                                f"within {self.timeout:g}s; {_RESTARTED}") from None
 
         return call
 
@@ -304,6 +320,8 @@ class _Connection:
         self.pid: int | None = None
         self.returncode: int | None = None
         self.alive = False
+        self.calls = 0  # in flight
+        self.retired = False  # a call was abandoned: no new ones, stopped when calls is 0
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -354,7 +372,7 @@ class _Connection:
             story = f"exited (status {self.returncode})"
         else:
             story = "closed the connection"
-        return story + self._stderr_note() + "; it is started again on the next call"
+        return story + self._stderr_note() + "; " + _RESTARTED
 
     def _stderr_note(self) -> str:
         tail = b"".join(self.stderr).decode("utf-8", "replace").strip()
@@ -541,9 +559,43 @@ def _http(url: str, headers: Mapping[str, str], timeout: float) -> Any:
     from mcp.client.streamable_http import streamable_http_client
 
     # Reads may idle while a server streams a long call (each call has its own time limit);
-    # SSE events are bounded by the SDK (max_sse_event_size).
-    client = httpx2.AsyncClient(headers=dict(headers), follow_redirects=False,
-                                timeout=httpx2.Timeout(timeout, read=300.0))
+    # SSE events are bounded by the SDK (max_sse_event_size), other replies here.
+    sent = httpx2.Headers(dict(headers))
+    sent["accept-encoding"] = "identity"  # a compressed reply could be a zip bomb
+
+    class BoundedBody(httpx2.AsyncByteStream):
+        """A reply's body, read up to MAX_MESSAGE_BYTES (an event stream's events are bounded
+        one by one instead), uncompressed. The SDK turns a StreamError into the call's error."""
+
+        def __init__(self, response: httpx2.Response) -> None:
+            assert isinstance(response.stream, httpx2.AsyncByteStream)  # an AsyncClient's
+            self.stream = response.stream
+            self.encoding = response.headers.get("content-encoding", "identity").lower()
+            events = response.headers.get("content-type", "").lower().startswith(
+                "text/event-stream")
+            self.limit = None if events else MAX_MESSAGE_BYTES
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            if self.encoding not in ("", "identity"):
+                raise httpx2.StreamError(f"the reply is compressed ({self.encoding[:40]}), "
+                                         "which was not asked for")
+            total = 0
+            async for chunk in self.stream:
+                total += len(chunk)
+                if self.limit is not None and total > self.limit:
+                    raise httpx2.StreamError(f"the reply is over {self.limit} bytes "
+                                             "(MAX_MESSAGE_BYTES); it was not read further")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+
+    async def bound(response: httpx2.Response) -> None:
+        response.stream = BoundedBody(response)
+
+    client = httpx2.AsyncClient(headers=sent, follow_redirects=False,
+                                timeout=httpx2.Timeout(timeout, read=300.0),
+                                event_hooks={"response": [bound]})
 
     @contextlib.asynccontextmanager
     async def transport() -> AsyncIterator[Any]:
