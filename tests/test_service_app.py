@@ -1,7 +1,10 @@
-"""The service's app in this process (no server process): CORS when configured, and bodies
-sent in chunks are held to the size limit as well."""
+"""The service's app in this process (no server process): CORS when configured, bodies
+sent in chunks held to the size limit as well, the per-key limit, the reads a resent chat
+history costs (counted by a store), and a KeyboardInterrupt during a run."""
 
 from __future__ import annotations
+
+import asyncio
 
 import httpx
 import pytest
@@ -11,6 +14,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed (pip ins
 from cogency import Agent  # noqa: E402
 from cogency.server import Settings, create_app  # noqa: E402
 from cogency.server.keys import create_key  # noqa: E402
+from cogency.storage import SQLiteStore  # noqa: E402
 from server_models import agent as model  # noqa: E402
 
 
@@ -57,8 +61,6 @@ async def test_a_chunked_body_over_the_limit_is_refused(app_client, db):
 
 
 async def test_concurrent_resumes_never_pass_the_per_key_limit(store):
-    import asyncio
-
     from cogency.server.errors import TooManyRuns
     from cogency.server.runs import Runs
     from cogency.testing import ScriptedLLM
@@ -85,3 +87,151 @@ async def test_concurrent_resumes_never_pass_the_per_key_limit(store):
     await agent.close()
     finished = await store.list_tasks("alice")
     assert len(finished) == 3  # the two that ran completed; the three refused are untouched
+
+
+class CountingStore(SQLiteStore):
+    """A store that notes each read a resent chat history can be matched with."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.reads: list[tuple[str, str, int]] = []  # (method, conversation or user, rows)
+
+    async def list_conversations(self, user_id, *, limit=None):
+        found = await super().list_conversations(user_id, limit=limit)
+        self.reads.append(("list_conversations", user_id, len(found)))
+        return found
+
+    async def load_messages(self, conversation_id, user_id, **window):
+        found = await super().load_messages(conversation_id, user_id, **window)
+        self.reads.append(("load_messages", conversation_id, len(found)))
+        return found
+
+
+@pytest.fixture
+async def counting(db_path):
+    counted = CountingStore(db_path)
+    key = (await create_key(counted, "alice"))[1]
+    agent = Agent(llm=model(), store=counted)
+    app = create_app(agent, Settings(max_runs_per_key=1))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app",
+                                 headers={"Authorization": f"Bearer {key}"}) as client:
+        yield client, counted, agent
+    await agent.close()
+    await counted.close()
+
+
+def chat(*texts: str) -> dict:
+    return {"model": "cogency", "messages": [
+        {"role": "user" if n % 2 == 0 else "assistant", "content": text}
+        for n, text in enumerate(texts)]}
+
+
+async def test_a_key_at_its_limit_is_refused_before_its_resent_history_is_read(
+        counting, tmp_path):
+    client, store, _ = counting
+    first = await client.post("/v1/chat/completions", json=chat("hello"))
+    conversation = first.json()["conversation_id"]
+    gate = tmp_path / "gate"
+    held = asyncio.create_task(client.post("/api/runs", json={"query": f"gate:{gate} hold"}))
+    while (await client.get("/health")).json()["runs"] < 1:
+        await asyncio.sleep(0.02)
+
+    store.reads.clear()
+    busy = await client.post("/v1/chat/completions", json=chat("hello", "echo: hello", "again"))
+    assert busy.status_code == 429
+    assert busy.json()["error"]["code"] == "too_many_runs"
+    assert store.reads == []  # refused first: no conversation listed, no message read
+
+    gate.touch()
+    assert (await held).json()["response"] == f"opened: gate:{gate} hold"
+    again = await client.post("/v1/chat/completions", json=chat("hello", "echo: hello", "again"))
+    assert again.json()["conversation_id"] == conversation  # matched, now the slot is free
+    assert again.json()["choices"][0]["message"]["content"] == "echo: again"
+    assert store.reads[0] == ("list_conversations", "alice", 2)  # what the 429 skipped
+
+
+async def test_a_resent_history_reads_a_bounded_number_of_messages(counting, db):
+    from cogency.server.openai_api import READ
+
+    client, store, agent = counting
+    # A long conversation (more messages than one request may read) that ends as the resent
+    # history does: once read whole, now passed over unread.
+    async for _ in agent.stream("hi", "alice",
+                                history=[("user", "x"), ("assistant", "y")] * (READ // 2)):
+        pass
+    (long,) = [row[0] for row in db.execute("SELECT conversation_id FROM conversations")]
+    store.reads.clear()
+    answer = await client.post("/v1/chat/completions", json=chat("hi", "echo: hi", "more"))
+    assert answer.json()["choices"][0]["message"]["content"] == "echo: more"
+    fresh = answer.json()["conversation_id"]
+    assert fresh != long
+    read = [rows for method, where, rows in store.reads
+            if method == "load_messages" and where != fresh]
+    assert sum(read) <= READ, read  # was 2,003: the long conversation whole
+    assert db.execute("SELECT role, content FROM conversation_messages WHERE conversation_id "
+                      "= ? ORDER BY seq", (fresh,)).fetchall() == [
+        ("user", "hi"), ("assistant", "echo: hi"), ("user", "more"), ("assistant", "echo: more")]
+
+
+
+# Run in a process of its own: CPython 3.11 miscounts its recursion depth after a
+# KeyboardInterrupt leaves an asyncio task, which breaks pytest's own parsing later on.
+_INTERRUPTED = """
+import asyncio, json, sys
+from cogency import Agent
+from cogency.server.runs import Runs
+from cogency.storage import SQLiteStore
+from cogency.testing import ScriptedLLM
+
+loop = asyncio.new_event_loop()
+store = SQLiteStore(sys.argv[1])
+agent = Agent(llm=ScriptedLLM([KeyboardInterrupt()]), store=store)
+runs = Runs(agent, max_per_key=1)
+
+async def follow():
+    run = await runs.start("alice", "key", query="hello", conversation_id="chat")
+    return [event async for event in run.follow() if event is not None], run
+
+followed = loop.create_task(follow())
+interrupts = 0
+while not followed.done():
+    try:
+        loop.run_until_complete(followed)
+    except KeyboardInterrupt:  # the loop stops for it; go on to see what became of the run
+        interrupts += 1
+events, run = followed.result()
+in_flight = len(runs)
+task = loop.run_until_complete(store.list_tasks("alice"))[0].task_id
+agent.llm = ScriptedLLM([{"response": "resumed"}])
+resumed = loop.run_until_complete(runs.start("alice", "key", task_id=task))  # slot, hold free
+loop.run_until_complete(resumed.task)
+loop.run_until_complete(agent.close())
+loop.run_until_complete(store.close())
+print(json.dumps({"interrupts": interrupts, "events": events, "in_flight": in_flight,
+                  "resumed": resumed.summary()["response"]}))
+"""
+
+
+def test_a_keyboard_interrupt_in_a_run_goes_on_up_and_its_task_is_saved(db_path, db):
+    """Ctrl-C (or SystemExit) during a run stops the process, as it does in `Agent`: the run
+    does not swallow it as its own error. Its followers are told the task was saved, and it
+    was: resumable, its conversation and the key's slot let go."""
+    import json
+    import subprocess
+    import sys
+
+    from serverutil import env
+
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED, str(db_path)], env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["interrupts"] == 2  # the agent's, then the run's (was 1: the run swallowed it)
+    assert [event["type"] for event in seen["events"]] == ["start", "error"]
+    fatal = seen["events"][-1]
+    assert fatal["fatal"] and fatal["status"] == 503  # was 500, "internal server error"
+    assert fatal["message"].endswith("its task was saved: resume it")
+    assert seen["in_flight"] == 0 and seen["resumed"] == "resumed"
+    assert db.execute("SELECT role, content FROM conversation_messages WHERE conversation_id "
+                      "= 'chat' ORDER BY seq").fetchall() == [("user", "hello"),
+                                                             ("assistant", "resumed")]

@@ -4,7 +4,7 @@ route can read or write another user's rows (theirs look "not found")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +50,12 @@ class Caller:
         await self._store.forget_user(self.user_id)
 
     async def run(self, query: str, conversation_id: str | None,
-                  history: Sequence[tuple[str, str]] = ()) -> Run:
+                  history: Sequence[tuple[str, str]] = (),
+                  find: Callable[[], Awaitable[str | None]] | None = None) -> Run:
+        """A run as this user (``find``: see :meth:`.Runs.start`)."""
         return await self._runs.start(
             self.user_id, self.key_id, query=query, conversation_id=conversation_id,
-            history=history,
+            history=history, find=find,
         )
 
     async def resume(self, task_id: str, approvals: dict[str, bool] | None = None) -> Run:

@@ -65,6 +65,22 @@ class RequestTooLarge(ServiceError):
     status, kind = 413, "too_large"
 
 
+class ModelNotFound(ServiceError):
+    status, kind = 404, "model_not_found"
+
+
+class RunFailed(ServiceError):
+    """A run over without an answer (one that can be resumed) where one was required."""
+
+    status, kind = 502, "run_failed"
+
+
+class AwaitingApproval(ServiceError):
+    """A run paused for a person's decision where an answer was required."""
+
+    status, kind = 409, "awaiting_approval"
+
+
 # Most specific first: the first class that matches decides.
 _STATUS: tuple[tuple[type[CogencyError], int, str], ...] = (
     (NotFoundError, 404, "not_found"),
@@ -91,8 +107,9 @@ def error_body(kind: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"type": kind, "message": message, **extra}}
 
 
-def _openai_body(status: int, kind: str, message: str, param: str | None) -> dict[str, Any]:
-    """OpenAI's error shape, for the ``/v1`` routes that its clients call."""
+def openai_body(status: int, kind: str, message: str, param: str | None = None
+                ) -> dict[str, Any]:
+    """OpenAI's error shape, for the ``/v1`` routes that its clients call (and their streams)."""
     family = ("authentication_error" if status == 401 else "rate_limit_error" if status == 429
               else "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": family, "param": param, "code": kind}}
@@ -103,7 +120,7 @@ def respond(request: Request, status: int, kind: str, message: str, *,
             **extra: Any) -> JSONResponse:
     """The error response: OpenAI's shape under ``/v1``, the service's own elsewhere."""
     if request.url.path.startswith("/v1/"):
-        return JSONResponse(_openai_body(status, kind, message, param), status, headers=headers)
+        return JSONResponse(openai_body(status, kind, message, param), status, headers=headers)
     if param is not None:
         extra["param"] = param
     return JSONResponse(error_body(kind, message, **extra), status, headers=headers)

@@ -10,9 +10,11 @@ Which Cogency conversation a request continues:
   conversation whose stored text is those turns, in order (the user's queries and Cogency's
   final answers, each compared without leading and trailing whitespace; tool calls and
   results are not turns), sought among the key's user's ``RECENT`` most recently updated
-  conversations, the newest match first. Turns that match none (edited, regenerated, older, or from elsewhere) start a new conversation that
-  stores them first, so the model has the context the client shows (never another
-  conversation's, and never none);
+  conversations, the newest match first, reading at most ``READ`` stored messages (once the
+  key's run slot is taken: a busy key's request costs no reads). Turns that match none
+  (edited, regenerated, older, or from elsewhere) start a new conversation that stores them
+  first, so the model has the context the client shows (never another conversation's, and
+  never none);
 - otherwise a new conversation, whose id the reply carries (``conversation_id`` at the top
   level and in ``metadata``, and the ``X-Cogency-Conversation-Id`` header).
 
@@ -27,20 +29,21 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import CogencyError, NotFoundError
+from ..errors import NotFoundError
+from . import sse
 from .auth import Caller, caller
-from .errors import ServiceError, Unsupported, status_of
+from .errors import AwaitingApproval, ModelNotFound, RunFailed, Unsupported, openai_body
 from .runs import Run
-from .sse import HEADERS
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(caller)], tags=["openai"])
 
@@ -49,20 +52,11 @@ MODEL = "cogency"
 _HEADER = "X-Cogency-Conversation-Id"
 RECENT = 50
 """How many of the user's newest conversations a resent chat history is matched against."""
+READ = 2_000
+"""The most stored messages one request reads to match its resent history; a conversation
+longer than what is left of it is not compared."""
 MAX_MESSAGES = 500
 """The most messages a chat request may carry (each resent turn is compared and may be stored)."""
-
-
-class ModelNotFound(ServiceError):
-    status, kind = 404, "model_not_found"
-
-
-class RunFailed(ServiceError):
-    status, kind = 502, "run_failed"
-
-
-class AwaitingApproval(ServiceError):
-    status, kind = 409, "awaiting_approval"
 
 
 class ChatRequest(BaseModel):
@@ -110,15 +104,14 @@ async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> A
             "and send only the new message", "messages")
     query = _query(body.messages, "messages")
     history: list[tuple[str, str]] = []
-    if conversation is None and len(body.messages) > 1:
-        turns = [(m["role"], _text(m.get("content"), "messages")) for m in body.messages[:-1]]
-        conversation = await _resent(me, turns)
-        if conversation is None:  # a new conversation that starts with what the client shows
-            history = turns
-    run = await me.run(query, conversation, history)
+    if conversation is None:  # resent turns: the conversation they are, or a new one's start
+        history = [(m["role"], _text(m.get("content"), "messages")) for m in body.messages[:-1]]
+    run = await me.run(query, conversation, history,
+                       find=(lambda: _resent(me, history)) if history else None)
     created = int(time.time())
     if body.stream:
-        return _streaming(run, _chat_chunks(run, created, include_usage))
+        each, end = _chat_chunks(run, created, include_usage)
+        return sse.response(run, each, end, {_HEADER: run.conversation_id})
     result = await _finished(run)
     completion = {
         "id": f"chatcmpl-{result['task_id']}",
@@ -158,7 +151,8 @@ async def responses(body: ResponsesRequest, me: Caller = Depends(caller)) -> Any
     run = await me.run(query, conversation)
     created = int(time.time())
     if body.stream:
-        return _streaming(run, _response_events(run, created, body))
+        each, end = _response_events(run, created, body)
+        return sse.response(run, each, end, {_HEADER: run.conversation_id})
     result = await _finished(run)
     return _with_header(_response_object(result, created, body, "completed"),
                         result["conversation_id"])
@@ -217,19 +211,23 @@ def _query(items: list[dict[str, Any]], where: str) -> str:
 
 
 async def _resent(me: Caller, turns: list[tuple[str, str]]) -> str | None:
-    """The conversation of ``me``'s ``RECENT`` newest whose turns are ``turns``, if any.
+    """The conversation of ``me``'s ``RECENT`` newest whose turns are ``turns``, if any,
+    reading at most ``READ`` messages.
 
     Cheap first: a conversation with fewer messages than ``turns``, or whose newest message
     is a turn other than the last of ``turns``, is passed over unread."""
     turns = [(role, text.strip()) for role, text in turns]  # UIs trim what they show
+    left = READ
     for record in await me.conversations(limit=RECENT):
-        if record.message_count < len(turns):
-            continue
+        if not len(turns) <= record.message_count < left:
+            continue  # too short to be them, or longer than this request may still read
         try:
             newest = await me.messages(record.conversation_id, limit=1)
+            left -= len(newest)
             if newest and _turn(newest[-1]) not in (None, turns[-1]):
                 continue
             stored = await me.messages(record.conversation_id, limit=record.message_count)
+            left -= len(stored)
         except NotFoundError:  # forgotten meanwhile
             continue
         if [turn for turn in map(_turn, stored) if turn is not None] == turns:
@@ -284,24 +282,21 @@ async def _finished(run: Run) -> dict[str, Any]:
         raise run.failure
     result = run.summary()
     if result["response"] is None:
-        raise (AwaitingApproval if _paused(result) else RunFailed)(_no_answer(result))
+        raise _unanswered(result)
     return result
 
 
-def _paused(result: dict[str, Any]) -> bool:
-    return bool(result["stop_reason"] == "awaiting_approval")
-
-
-def _no_answer(result: dict[str, Any]) -> str:
+def _unanswered(result: dict[str, Any]) -> AwaitingApproval | RunFailed:
+    """The error of a run over without an answer: paused for a person, or stopped."""
     task = result["task_id"]
-    if _paused(result):
+    if result["stop_reason"] == "awaiting_approval":
         calls = ", ".join(f"{c['name']} ({c['id']})" for c in result["pending_approvals"])
-        return (f"the agent waits for your approval of {calls}: decide with POST "
-                f"/api/tasks/{task}/approvals (or on the web page), whose reply carries "
-                "the answer")
-    return (f"the run stopped ({result['stop_reason']}) without an answer"
-            + (f": {result['error']}" if result.get("error") else "")
-            + f"; task {task} can be resumed (POST /api/tasks/{task}/resume)")
+        return AwaitingApproval(
+            f"the agent waits for your approval of {calls}: decide with POST "
+            f"/api/tasks/{task}/approvals (or on the web page), whose reply carries the answer")
+    return RunFailed(f"the run stopped ({result['stop_reason']}) without an answer"
+                     + (f": {result['error']}" if result.get("error") else "")
+                     + f"; task {task} can be resumed (POST /api/tasks/{task}/resume)")
 
 
 def _chat_usage(result: dict[str, Any]) -> dict[str, int]:
@@ -310,68 +305,55 @@ def _chat_usage(result: dict[str, Any]) -> dict[str, int]:
             "total_tokens": usage["input_tokens"] + usage["output_tokens"]}
 
 
-def _with_header(payload: dict[str, Any], conversation_id: str) -> Any:
-    from fastapi.responses import JSONResponse
-
+def _with_header(payload: dict[str, Any], conversation_id: str) -> JSONResponse:
     return JSONResponse(payload, headers={_HEADER: conversation_id})
 
 
-def _streaming(run: Run, records: AsyncIterator[str]) -> StreamingResponse:
-    async def encoded() -> AsyncIterator[bytes]:
-        async for record in records:
-            yield record.encode()
-
-    return StreamingResponse(encoded(), media_type="text/event-stream",
-                             headers={**HEADERS, _HEADER: run.conversation_id})
-
-
-def _data(payload: Any, event: str | None = None) -> str:
+def _data(payload: Any, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"{head}data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
 
-def _failure(run: Run, event: dict[str, Any] | None) -> dict[str, Any]:
-    """OpenAI's error object for a run that ended without an answer."""
+def _answered(run: Run) -> bool:
+    """The run is over with an answer (its ``response`` event was sent)."""
+    return run.failure is None and run.summary()["response"] is not None
+
+
+def _failure(run: Run) -> dict[str, Any]:
+    """OpenAI's error object for a run over without an answer."""
     if run.failure is not None:
-        status, kind = (status_of(run.failure) if isinstance(run.failure, CogencyError)
-                        else (500, "internal"))
-        message = event["message"] if event else "internal server error"
+        status, kind, message = run.problem()
     else:
-        summary = run.summary()
-        status, kind = (409, "awaiting_approval") if _paused(summary) else (502, "run_failed")
-        message = _no_answer(summary)
-    return {"message": message, "type": "server_error" if status >= 500 else
-            "invalid_request_error", "param": None, "code": kind}
+        error = _unanswered(run.summary())
+        status, kind, message = error.status, error.kind, str(error)
+    return dict(openai_body(status, kind, message)["error"])
 
 
-async def _chat_chunks(run: Run, created: int, include_usage: bool) -> AsyncIterator[str]:
+def _chat_chunks(run: Run, created: int, include_usage: bool) -> tuple[sse.Format, sse.End]:
     base = {"id": "", "object": "chat.completion.chunk", "created": created, "model": MODEL,
             "system_fingerprint": None, "conversation_id": run.conversation_id}
-    answered = False
-    fatal = None
-    async for event in run.follow():
-        if event is None:
-            yield ": keep-alive\n\n"
-            continue
+
+    def each(event: dict[str, Any]) -> Iterable[bytes]:
         base["id"] = f"chatcmpl-{event['task_id']}"
         if event["type"] == "start":
             yield _data({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
                                                                     "content": ""},
                                               "finish_reason": None, "logprobs": None}]})
         elif event["type"] == "response":
-            answered = True
             yield _data({**base, "choices": [{"index": 0, "delta": {"content": event["text"]},
                                               "finish_reason": None, "logprobs": None}]})
-        elif event["type"] == "error" and event.get("fatal"):
-            fatal = event
-    if not answered or run.failure is not None:
-        yield _data({"error": _failure(run, fatal)})
-    else:
-        yield _data({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
-                                          "logprobs": None}]})
-        if include_usage:
-            yield _data({**base, "choices": [], "usage": _chat_usage(run.summary())})
-    yield "data: [DONE]\n\n"
+
+    def end() -> Iterable[bytes]:
+        if not _answered(run):
+            yield _data({"error": _failure(run)})
+        else:
+            yield _data({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
+                                              "logprobs": None}]})
+            if include_usage:
+                yield _data({**base, "choices": [], "usage": _chat_usage(run.summary())})
+        yield b"data: [DONE]\n\n"
+
+    return each, end
 
 
 def _response_object(result: dict[str, Any], created: int, body: ResponsesRequest,
@@ -407,29 +389,21 @@ def _response_object(result: dict[str, Any], created: int, body: ResponsesReques
     }
 
 
-async def _response_events(run: Run, created: int, body: ResponsesRequest) -> AsyncIterator[str]:
-    number = 0
-
-    def emit(kind: str, **fields: Any) -> str:
-        nonlocal number
-        number += 1
-        return _data({"type": kind, "sequence_number": number - 1, **fields}, kind)
-
+def _response_events(run: Run, created: int, body: ResponsesRequest) -> tuple[sse.Format, sse.End]:
+    numbers = itertools.count()
     partial: dict[str, Any] = {"conversation_id": run.conversation_id, "task_id": "",
                                "response": None, "usage": None}
-    answered = False
-    fatal = None
-    async for event in run.follow():
-        if event is None:
-            yield ": keep-alive\n\n"
-            continue
+
+    def emit(kind: str, **fields: Any) -> bytes:
+        return _data({"type": kind, "sequence_number": next(numbers), **fields}, kind)
+
+    def each(event: dict[str, Any]) -> Iterable[bytes]:
         partial["task_id"] = event["task_id"]
         if event["type"] == "start":
             shell = _response_object(partial, created, body, "in_progress")
             yield emit("response.created", response=shell)
             yield emit("response.in_progress", response=shell)
         elif event["type"] == "response":
-            answered = True
             item_id = f"msg_{event['task_id'].replace('-', '')}"
             text = event["text"]
             item = {"type": "message", "id": item_id, "status": "in_progress",
@@ -447,14 +421,16 @@ async def _response_events(run: Run, created: int, body: ResponsesRequest) -> As
                        content_index=0, part=done_part)
             yield emit("response.output_item.done", output_index=0,
                        item={**item, "status": "completed", "content": [done_part]})
-        elif event["type"] == "error" and event.get("fatal"):
-            fatal = event
-    if answered and run.failure is None:
-        yield emit("response.completed",
-                   response=_response_object(run.summary(), created, body, "completed"))
-    else:
-        error = _failure(run, fatal)
+
+    def end() -> Iterable[bytes]:
+        if _answered(run):
+            yield emit("response.completed",
+                       response=_response_object(run.summary(), created, body, "completed"))
+            return
+        error = _failure(run)
         failed = _response_object({**partial, **(run.summary() if run.result else {})},
                                   created, body, "failed")
         failed["error"] = {"code": error["code"], "message": error["message"]}
         yield emit("response.failed", response=failed)
+
+    return each, end

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -28,8 +28,7 @@ log = logging.getLogger("cogency.server")
 class Run:
     """One run: the events so far (as ``event.to_dict()``), then its result or failure."""
 
-    def __init__(self, user_id: str, key_id: str, conversation_id: str) -> None:
-        self.user_id = user_id
+    def __init__(self, key_id: str, conversation_id: str) -> None:
         self.key_id = key_id
         self.conversation_id = conversation_id
         self.task_id: str | None = None
@@ -77,13 +76,18 @@ class Run:
             seen += len(fresh)
             if finished:
                 if self.failure is not None:  # it raised: no `end` event came
-                    if isinstance(self.failure, CogencyError):
-                        status, message = status_of(self.failure)[0], str(self.failure)
-                    else:
-                        status, message = 500, "internal server error"
+                    status, _, message = self.problem()
                     yield {"type": "error", "task_id": self.task_id or "", "message": message,
                            "fatal": True, "status": status}
                 return
+
+    def problem(self) -> tuple[int, str, str]:
+        """The failure as its client is told it: status, error type and message (anything
+        but the package's own errors is an internal error, its details only in the log)."""
+        assert self.failure is not None
+        if isinstance(self.failure, CogencyError):
+            return (*status_of(self.failure), str(self.failure))
+        return 500, "internal", "internal server error"
 
     def summary(self) -> dict[str, Any]:
         """The result as the API returns it."""
@@ -128,10 +132,15 @@ class Runs:
         task_id: str | None = None,
         approvals: dict[str, bool] | None = None,
         history: Sequence[tuple[str, str]] = (),
+        find: Callable[[], Awaitable[str | None]] | None = None,
     ) -> Run:
         """Start a new run (``query``, after storing ``history`` as ``Agent.stream`` does) or
         resume ``task_id`` (deciding the calls it waits for with ``approvals``); returns once
         it has begun.
+
+        ``find``, for a ``history`` resent without a conversation id, names the stored
+        conversation that it is (continued instead of storing ``history`` again) or None. It
+        is called only once the key's slot is taken: a key at its limit costs no reads.
 
         Errors before the run begins (a bad id, another user's conversation or task, a
         conversation with a run in flight, too many runs) are raised here.
@@ -150,6 +159,10 @@ class Runs:
             )
         self._per_key[key_id] += 1  # taken before any await: concurrent requests see it
         try:
+            if find is not None and conversation_id is None:
+                conversation_id = await find()
+                if conversation_id is not None:
+                    history = ()  # stored already
             run = await self._open(key_id, user_id, query, conversation_id, task_id, history,
                                    approvals)
         except BaseException:
@@ -174,7 +187,7 @@ class Runs:
             events = self.agent.stream(query, user_id, conversation_id, history=history)
         runner = new_runner()
         await store.hold_conversation(conversation_id, user_id, runner)
-        run = Run(user_id, key_id, conversation_id)
+        run = Run(key_id, conversation_id)
         self._live.add(run)
         run.task = asyncio.create_task(self._drive(run, events, runner))
         return run
@@ -185,15 +198,18 @@ class Runs:
                 run.task_id = run.task_id or event.task_id
                 await run.publish(event.to_dict())
             run.result = events.result
-        except asyncio.CancelledError:
+        except Exception as exc:  # the run's error belongs to its followers
+            run.failure = exc
+            if not isinstance(exc, CogencyError):
+                log.error("a run failed: %s", type(exc).__name__, exc_info=exc)
+        except BaseException:
+            # Cancelled by a shutdown, or KeyboardInterrupt, SystemExit: the process stops.
+            # The agent saved and released the task (as on any exception); the followers are
+            # told so, and the stop goes on up, never swallowed as this run's error.
             run.failure = ShuttingDown(
                 "the server shut down during this run; its task was saved: resume it"
             )
             raise
-        except BaseException as exc:  # the run's error belongs to its followers
-            run.failure = exc
-            if not isinstance(exc, CogencyError):
-                log.error("a run failed: %s", type(exc).__name__, exc_info=exc)
         finally:
             try:
                 await asyncio.shield(
@@ -201,10 +217,11 @@ class Runs:
                 )
             except Exception as exc:  # noqa: BLE001 - the hold dies with this process anyway
                 log.warning("could not release a conversation: %s", type(exc).__name__)
-            self._live.discard(run)
-            self._release_slot(run.key_id)
-            run.done = True
-            await run.publish(None)
+            finally:  # also when a second cancellation cuts the release short
+                self._live.discard(run)
+                self._release_slot(run.key_id)
+                run.done = True
+                await run.publish(None)
 
     def _release_slot(self, key_id: str) -> None:
         self._per_key[key_id] -= 1
