@@ -27,7 +27,7 @@ from .events import (
 from .llm.base import LLM, Usage, retries_reported_to
 from .llm.resolve import resolve_llm
 from .memory.memory import Memory, interaction_of
-from .reason import reason
+from .reason import Step, reason
 from .state.execution import Execution
 from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, check_id
 from .storage import open_store
@@ -339,33 +339,8 @@ class Agent:
                     self.identity,
                     first,
                 )
-                for trimmed in (False, True):
-                    try:
-                        with retries_reported_to(
-                            lambda attempt, delay, why: emit(Retry(task, attempt, delay, why))
-                        ):
-                            step, spent = await reason(
-                                self.llm,
-                                prompt_messages(system, ex.messages, task, window,
-                                                self.budgets.output),
-                                tools,
-                                first_iteration=first,
-                                on_token=lambda text: emit(Token(task, text)),
-                                on_invalid=lambda message: emit(
-                                    Error(task, f"invalid reply: {message}")),
-                                invalid_retries=self.invalid_retries,
-                                llm_retries=self.llm_retries,
-                                retry_delay=self.retry_delay,
-                            )
-                        break
-                    except ContextLengthError as exc:
-                        if trimmed:
-                            raise
-                        # The server's window is smaller than we knew (or counts tokens its
-                        # own way): trim to what it says, with a margin, and ask once more.
-                        window = int(min(exc.window or window, window) * 0.85)
-                        emit(Retry(task, 1, 0.0, f"{exc}; trimming the prompt to {window:,} "
-                                                 "tokens"))
+                step, spent, window = await self._ask(system, ex.messages, task, window, tools,
+                                                      first, emit)
                 usage = usage + spent
                 if step is None:
                     ex.stop_reason = "invalid_response"
@@ -457,6 +432,45 @@ class Agent:
             security_assessment=state.security_assessment,
             pending_approvals=[{**call, "task_id": task} for call in waiting],
         )
+
+    async def _ask(
+        self,
+        system: str,
+        history: Sequence[dict[str, Any]],
+        task: str,
+        window: int,
+        tools: dict[str, Tool],
+        first: bool,
+        emit: Callable[[Event], None],
+    ) -> tuple[Step | None, Usage, int]:
+        """One step of the model (``reason``) over the prompt within ``window``; returns the
+        step, what it cost and the window for the rest of the run. A server that says the
+        prompt is too long for it is asked once more with the prompt trimmed to what it says."""
+        for trimmed in (False, True):
+            try:
+                with retries_reported_to(
+                    lambda attempt, delay, why: emit(Retry(task, attempt, delay, why))
+                ):
+                    step, spent = await reason(
+                        self.llm,
+                        prompt_messages(system, history, task, window, self.budgets.output),
+                        tools,
+                        first_iteration=first,
+                        on_token=lambda text: emit(Token(task, text)),
+                        on_invalid=lambda message: emit(Error(task, f"invalid reply: {message}")),
+                        invalid_retries=self.invalid_retries,
+                        llm_retries=self.llm_retries,
+                        retry_delay=self.retry_delay,
+                    )
+                return step, spent, window
+            except ContextLengthError as exc:
+                if trimmed:
+                    raise
+                # The server's window is smaller than we knew (or counts tokens its own way):
+                # trim to what it says, with a margin, and ask once more.
+                window = int(min(exc.window or window, window) * 0.85)
+                emit(Retry(task, 1, 0.0, f"{exc}; trimming the prompt to {window:,} tokens"))
+        raise AssertionError("unreachable")
 
     def _check_fits(self, query: str, window: int, tools: dict[str, Tool]) -> None:
         """Raise ContextWindowError if ``query`` cannot fit ``window`` with the first system
