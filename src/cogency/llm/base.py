@@ -45,6 +45,8 @@ class LLM(ABC):
 
     ``schema`` is the JSON schema the reply must match; adapters whose provider supports
     structured output pass it on, others may ignore it (the agent validates every reply).
+    The message dicts are the agent's, reused by its later calls: read them, never change
+    them (build your own to send).
     """
 
     name: str = "llm"
