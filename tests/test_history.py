@@ -49,7 +49,7 @@ def _expected(history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
 
 operations = st.lists(st.tuples(
     st.sampled_from(["append", "extend", "iadd", "insert", "setitem", "delitem", "pop",
-                     "remove", "clear", "sort", "reverse", "copy", "plus", "after", "imul"]),
+                     "remove", "clear", "sort", "reverse", "copy", "after", "imul"]),
     st.lists(messages(), max_size=3), st.integers(0, 8)), max_size=12)
 
 
@@ -93,9 +93,6 @@ def test_what_a_history_keeps_is_right_after_any_change(start, changes):
             plain.reverse()
         elif name == "copy":
             history = history.copy()
-        elif name == "plus":
-            history = history.plus(more)
-            plain = plain + more
         elif name == "after":
             history = history.after(at)
             plain = plain[at:]

@@ -35,8 +35,8 @@ class History(list[dict[str, Any]]):
     (:attr:`chats`) and running token costs (:meth:`cost`), kept right through every change
     made through the list's methods.
 
-    Appending and extending compute only the new messages; its :meth:`copy`, :meth:`plus`
-    and :meth:`after` copy what was computed. Any other change (``insert``, item assignment,
+    Appending and extending compute only the new messages; its :meth:`copy` and
+    :meth:`after` copy what was computed. Any other change (``insert``, item assignment,
     deletion, sorting) computes the whole list again.
     """
 
@@ -88,12 +88,6 @@ class History(list[dict[str, Any]]):
         clone = History.__new__(History)
         list.extend(clone, self[:])  # a plain list: copied whole in C, not item by item
         clone._chats, clone._sums = self._chats[:], self._sums[:]
-        return clone
-
-    def plus(self, messages: Iterable[dict[str, Any]]) -> History:
-        """A copy with ``messages`` appended."""
-        clone = self.copy()
-        clone.extend(messages)
         return clone
 
     def after(self, count: int) -> History:
@@ -158,11 +152,6 @@ class History(list[dict[str, Any]]):
     def reverse(self) -> None:
         super().reverse()
         self._recompute()
-
-
-def as_history(messages: Iterable[dict[str, Any]]) -> History:
-    """A new :class:`History` of ``messages``; what a History already computed is copied."""
-    return messages.copy() if isinstance(messages, History) else History(messages)
 
 
 def _chat(message: dict[str, Any]) -> Message:

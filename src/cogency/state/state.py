@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _time
-from .._history import History, as_history
+from .._history import History
 from .._redact import scrub_surrogates
 from ..errors import CorruptDataError, UsageError
 from ..storage.base import ConversationRecord, SaveBatch, TaskRecord
@@ -170,7 +170,7 @@ class State:
             task_id=task_id,
             conversation=_conversation_from(record, history),
             workspace=Workspace.from_dict(task.workspace),
-            execution=Execution(max_iterations=max_iterations, messages=as_history(history)),
+            execution=Execution(max_iterations=max_iterations, messages=History(history)),
             store=store,
             version=task.version,
             _owns_store=owned,
