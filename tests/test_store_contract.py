@@ -479,3 +479,59 @@ async def test_a_started_tasks_window_sees_other_processes_writes(any_store, raw
         assert await seqs(raw, "c") == [1, 2]
     finally:
         await other.close()
+
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_every_window_matches_the_rows_whatever_three_stores_do(any_store, raw, seed):
+    """Three stores on one database, taking turns at random: budgets that keep all, some or
+    none of the history, queries longer than the window, a task that adds more messages than
+    one page of rows, and a forget. Every task starts with exactly the newest messages that
+    fit its budget (read from the rows), each kept right for the prompt."""
+    import random
+
+    from cogency._history import History
+    from cogency.storage.base import new_runner
+
+    rng = random.Random(seed)
+
+    def another() -> Any:
+        if isinstance(any_store, SQLiteStore):
+            return SQLiteStore(any_store.path)
+        return type(any_store)(any_store.dsn)
+
+    stores = [any_store, another(), another()]
+    try:
+        for step in range(36):
+            store = rng.choice(stores)
+            budget = rng.choice([40, 200, 8_000])
+            words = rng.choice([1, 3, 60])  # 60 words: longer than a budget of 40
+            query = f"q{step} " + "word " * words
+            state = await State.start_task(query, "alice", "c", store=store, record_query=True,
+                                           runner=new_runner(), history_tokens=budget)
+            rows = await raw("SELECT content, tokens FROM conversation_messages "
+                             "WHERE conversation_id = ? ORDER BY seq DESC", "c")
+            expected: list[str] = []
+            used = 0
+            for content, tokens in rows:
+                if used + tokens > budget:
+                    break
+                used += tokens
+                expected.append(content)
+            expected.reverse()
+            if not expected or expected[-1] != query:
+                expected.append(query)  # a query longer than the budget still comes
+            window = state.execution.messages
+            assert [m["content"] for m in window] == expected, (seed, step)
+            assert isinstance(window, History)
+            fresh = History(list(window))
+            assert window.chats == fresh.chats and window.cost() == fresh.cost(), (seed, step)
+            added = rng.choice([0, 1, 2, 2, 300])  # 300: more than a page of rows at once
+            for n in range(added):
+                add_message(state, "assistant", f"a{step}.{n} " + "x " * rng.choice([1, 30]))
+            await state.complete_task()
+            if rng.random() < 0.08:
+                await rng.choice(stores).forget_user("alice")
+    finally:
+        for store in stores[1:]:
+            await store.close()
