@@ -72,10 +72,18 @@ async def test_a_late_turn_reads_as_few_rows_as_an_early_one():
             stored = await observer.fetchval(
                 "SELECT count(*) FROM conversation_messages WHERE conversation_id = $1",
                 conversation)
+            pool = await store._ready()
+            async with pool.acquire() as db:  # the store's one connection, its statements
+                plans = await db.fetch(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE '%conversation_messages%'")
         finally:
             await observer.close()
             await store.close()
     assert stored == 2 * TURNS  # each turn's query and answer
+    # Every statement ran on its one generic plan, made once: none was planned again for
+    # its parameters at each turn (the save statement was, every time, without the setting).
+    assert plans and all(custom == 0 and generic >= 1 for _, generic, custom in plans), plans
     # A turn reads the rows added since the store's cached window, a few: the same at turn
     # 40 (80 messages stored) as at turn 5. A save that scanned the conversation for
     # retried message ids read all of them.

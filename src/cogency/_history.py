@@ -41,14 +41,19 @@ class History(list[dict[str, Any]]):
     """
 
     __slots__ = ("_chats", "_sums")
+    _chats: list[Message]
+    _sums: list[int]  # _sums[i]: the cost of the first i messages (plus a base)
 
     def __init__(self, messages: Iterable[dict[str, Any]] = ()) -> None:
+        if isinstance(messages, History):  # a copy: what was computed is copied, in C
+            super().__init__(messages[:])  # a plain list is copied whole, not item by item
+            self._chats, self._sums = messages._chats[:], messages._sums[:]
+            return
         super().__init__(messages)
         self._recompute()
 
     def _recompute(self) -> None:
-        self._chats: list[Message] = []
-        self._sums: list[int] = [0]  # _sums[i]: the cost of the first i messages (plus a base)
+        self._chats, self._sums = [], [0]
         self._add(self)
 
     def _add(self, messages: Iterable[dict[str, Any]]) -> None:
@@ -85,10 +90,7 @@ class History(list[dict[str, Any]]):
     # -- copies ---------------------------------------------------------------------------
 
     def copy(self) -> History:
-        clone = History.__new__(History)
-        list.extend(clone, self[:])  # a plain list: copied whole in C, not item by item
-        clone._chats, clone._sums = self._chats[:], self._sums[:]
-        return clone
+        return History(self)
 
     def after(self, count: int) -> History:
         """A copy without the ``count`` oldest messages."""

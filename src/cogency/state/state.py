@@ -128,9 +128,7 @@ class State:
         )
         state._saved_workspace = state.workspace.to_dict()
         state.epoch = 1 if runner else None
-        recent = record.recent if record.recent is not None else first
-        if not isinstance(recent, History):  # a store's History is a copy of its own: ours
-            recent = History(recent)
+        recent = History(record.recent if record.recent is not None else first)
         # The query is the newest message, so the window holds it iff it ends with it (one
         # check, not a pass over a window that grows with the conversation).
         if first and (not recent or recent[-1].get("task_id") != state.task_id):
