@@ -284,6 +284,11 @@ class LocalLLM(OpenAILLM):
         actions = props.get("actions")
         return "response" in props and isinstance(actions, dict) and actions.get("maxItems") == 0
 
+    def _cannot(self, option: str, value: Any) -> str | None:
+        if option == "reasoning_effort":
+            return "the local model does not reason"
+        return None
+
     def _request(self, messages: list[Message], schema: dict[str, Any] | None) -> dict[str, Any]:
         if schema is _PLAIN:
             request = super()._request(messages, None)
