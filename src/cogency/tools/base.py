@@ -263,7 +263,7 @@ async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[
         # Redacted before it is stored or shown.
         error = await _off_loop(tool_, _cut, f"{type(exc).__name__}: {exc}")
         return {"name": name, "args": args, "ok": False, "error": error}
-    output = await _off_loop(tool_, _render, value)
+    output = await _off_loop(tool_, render_output, value)
     return {"name": name, "args": args, "ok": True, "output": output}
 
 
@@ -291,7 +291,9 @@ _RENDER_ON_LOOP = 1_000
 """Outputs shorter than this are redacted (and counted) on the loop: a thread costs more."""
 
 
-def _render(value: Any) -> str:
+def render_output(value: Any) -> str:
+    """A tool's output as stored and shown: JSON for what is not text, secrets redacted, cut
+    to :data:`MAX_OUTPUT_CHARS` (and :data:`MAX_OUTPUT_TOKENS`)."""
     if value is None:
         text = ""
     elif isinstance(value, str):
