@@ -144,6 +144,35 @@ async def test_agent_run_completes_offline(model_path, store, db):
     assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (0,)
 
 
+async def test_the_answer_streams_and_options_reach_llama_cpp(model_path, store):
+    """The plain-text answer streams as response_delta events; temperature, top_p and seed
+    reach llama.cpp's server (as sent on the wire, and as it honours them: the same seed at a
+    high temperature samples the same answer twice)."""
+    llm = LocalLLM(model_path, threads=1, n_ctx=2048)
+    await llm.start()
+    sent: list[dict] = []
+
+    async def record(request):
+        sent.append(json.loads(request.content))
+
+    llm._client._client.event_hooks["request"].append(record)
+    options = {"temperature": 0.9, "top_p": 0.95, "seed": 11}
+    answers = []
+    async with Agent(llm=llm, store=store) as agent:
+        for _ in range(2):
+            stream = agent.stream("What is the capital of France?", "sailor", options=options)
+            events = [event async for event in stream]
+            answers.append(stream.result.response)
+    await llm.close()
+    deltas = [e for e in events if e.type == "response_delta"]
+    assert len(deltas) > 3 and not any(d.restart for d in deltas)
+    assert "".join(d.text for d in deltas) == stream.result.response
+    types = [e.type for e in events]
+    assert types.index("response_delta") < max(i for i, t in enumerate(types) if t == "token")
+    assert answers[0] == answers[1]  # the seed was honoured
+    assert [(b["temperature"], b["top_p"], b["seed"]) for b in sent] == [(0.9, 0.95, 11)] * 2
+
+
 # The benchmark's path (bench/bench_offline.py) on a few of its questions: the same server
 # asked plainly and through the agent. The full run and its figures: docs/benchmarks.md.
 CI_QUESTIONS = (

@@ -88,9 +88,9 @@ class GeminiLLM(ProviderLLM):
                 config[name] = self.options[name]
         effort = self.options.get("reasoning_effort")
         if effort == "none":
-            config["thinking_config"] = {"thinking_budget": 0}
+            config["thinking_config"] = self._types.ThinkingConfig(thinking_budget=0)
         elif effort is not None:
-            config["thinking_config"] = {"thinking_level": effort.upper()}
+            config["thinking_config"] = self._types.ThinkingConfig(thinking_level=effort.upper())
         return {
             "model": self.model,
             "contents": contents,
