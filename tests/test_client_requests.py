@@ -474,3 +474,23 @@ def test_any_answer_in_any_pieces_streams_exactly(answer, chunk, ascii_only):
         stream.feed(text[start:start + chunk])
     stream.finish(answer)
     assert "".join(t for t, _ in sent) == answer and not any(r for _, r in sent)
+
+
+def test_schema_checks_are_bounded_in_work_and_time():
+    import time
+
+    from cogency._jsonschema import SchemaViolation, validate
+
+    started = time.perf_counter()
+    with pytest.raises(SchemaViolation, match="must match the pattern"):
+        validate("a" * 40 + "!", {"type": "string", "pattern": "^(a+)+$"})  # catastrophic
+    assert time.perf_counter() - started < 2
+    wide: dict = {"type": "integer"}
+    deep: list | str = "x"
+    for _ in range(14):  # each level tries its 3 options: 3**14 paths, each failing at the end
+        wide = {"anyOf": [{"type": "array", "items": wide}] * 3}
+        deep = [deep]
+    started = time.perf_counter()
+    with pytest.raises(SchemaViolation, match="more than 100,000 checks") as caught:
+        validate(deep, wide)
+    assert time.perf_counter() - started < 5 and len(str(caught.value)) < 300

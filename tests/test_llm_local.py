@@ -282,3 +282,35 @@ async def test_with_tools_every_reply_is_a_valid_short_step(model_path, store):
         if event.type == "response":
             text = event.to_dict()["text"]
             assert "final answer" not in text and not text.lstrip().startswith("{")
+
+
+async def test_a_streamed_answer_cut_at_the_token_limit_keeps_what_was_streamed(store):
+    """Against a fake llama.cpp: an answer that runs into ANSWER_TOKENS ends at its last whole
+    sentence, and near the limit only whole sentences stream, so the deltas sent are exactly
+    the answer (no restart)."""
+    import openai
+    from fakeserver import FakeServer, Reply, sse
+
+    from cogency.llm._local import ANSWER_TOKENS
+
+    words = [f" word{i}" + ("." if i % 7 == 6 else "") for i in range(ANSWER_TOKENS)]
+    chunks = [sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
+              for word in words]
+    chunks.append(sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}))
+    with FakeServer() as server:
+        server.script(Reply(events=[*chunks, sse("[DONE]")]))
+        llm = LocalLLM()
+        llm._server = object()  # "started": the fake is its server
+        llm.base_url = server.url + "/v1"
+        llm._client = openai.AsyncOpenAI(api_key="x", base_url=llm.base_url, max_retries=0)
+        async with Agent(llm=llm, store=store) as agent:
+            stream = agent.stream("Ramble.", "ada")
+            events = [event async for event in stream]
+        await llm._client.close()
+    result = stream.result
+    assert result.response.endswith(".") and result.response == "".join(words[:196]).strip()
+    deltas = [e for e in events if e.type == "response_delta"]
+    assert len(deltas) > 100 and not any(d.restart for d in deltas)
+    assert "".join(d.text for d in deltas) == result.response

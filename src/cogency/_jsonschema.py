@@ -36,6 +36,10 @@ class SchemaViolation(ValueError):
     """``value`` does not match the schema; the message starts with where (``args.city``)."""
 
 
+class _TooCostly(SchemaViolation):
+    """The check ran out of its :data:`MAX_STEPS`: no option may be tried further."""
+
+
 class SchemaError(ValueError):
     """The schema cannot be used: a recursive or unresolvable reference, or too large."""
 
@@ -70,7 +74,7 @@ class _Check:
     def run(self, value: Any, spec: Any, path: str) -> None:
         self.steps += 1
         if self.steps > MAX_STEPS:
-            raise SchemaViolation(
+            raise _TooCostly(
                 f"{path} could not be checked: it and its schema need more than {MAX_STEPS:,} "
                 "checks (simplify the schema)"
             )
@@ -104,9 +108,9 @@ class _Check:
     def passes(self, value: Any, spec: Any, path: str) -> bool:
         try:
             self.run(value, spec, path)
-        except SchemaViolation as exc:
-            if "could not be checked" in str(exc):
-                raise
+        except _TooCostly:
+            raise
+        except SchemaViolation:
             return False
         return True
 
@@ -213,17 +217,27 @@ def _show(value: Any) -> str:
 
 
 def type_name(spec: Any) -> str:
-    """A schema in a few words for a prompt or a message: ``list[integer] | null``."""
+    """A schema in a few words for a prompt or a message: ``list[integer] | null``, at most
+    200 characters however large the schema."""
+    text = _name(spec, 0)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _name(spec: Any, level: int) -> str:
     if not isinstance(spec, dict):
         return "any"
+    if level > 3:
+        return "…"
     if "enum" in spec and isinstance(spec["enum"], list):
-        return " | ".join(_show(v) for v in spec["enum"][:20])
+        shown = " | ".join(_show(v) for v in spec["enum"][:20])
+        return shown + (" | …" if len(spec["enum"]) > 20 else "")
     if "const" in spec:
         return _show(spec["const"])
     if isinstance(spec.get("anyOf"), list):
-        return " | ".join(type_name(s) for s in spec["anyOf"][:20])
+        shown = " | ".join(_name(s, level + 1) for s in spec["anyOf"][:8])
+        return shown + (" | …" if len(spec["anyOf"]) > 8 else "")
     if spec.get("type") == "array" and isinstance(spec.get("items"), dict):
-        return f"list[{type_name(spec['items'])}]"
+        return f"list[{_name(spec['items'], level + 1)}]"
     kind = spec.get("type", "any")
     return "/".join(map(str, kind)) if isinstance(kind, list) else str(kind)
 
