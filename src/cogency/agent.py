@@ -356,6 +356,7 @@ class Agent:
             request = ClientRequest.from_settings(state.settings)
             tools = request.tools_with(tools)
         llm = request.model(self.llm)  # after start(): a copy shares what start() set up
+        client = request.prompt()
         ex, usage, error, truncated = state.execution, Usage(), None, False
         task = state.task_id
         recorded: dict[str, list[dict[str, Any]]] = {}
@@ -398,7 +399,7 @@ class Agent:
                                   self.budgets),
                     self.identity,
                     first,
-                    request.prompt(),
+                    client,
                 )
                 answer = AnswerStream(
                     lambda text, restart: emit(ResponseDelta(task, text, restart)),
