@@ -25,13 +25,13 @@ from typing import Any
 
 from ..errors import (
     AuthenticationError,
-    UsageError,
     ConfigurationError,
     ContextLengthError,
     LLMError,
     LLMTimeoutError,
     ModelNotFoundError,
     RateLimitError,
+    UsageError,
 )
 from .base import LLM, Completion, Message, check_options, report_retry
 
