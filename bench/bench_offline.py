@@ -156,12 +156,12 @@ def _load() -> str:
         return "n/a"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it)."""
+def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace a benchmark's section of ``path`` (or append it): this one's by default."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         text = head + section + ("\n" + tail if tail else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section

@@ -53,7 +53,7 @@ class _SlowModel(ScriptedLLM):
 
 def slow() -> ScriptedLLM:
     llm = scripted()
-    return _SlowModel(list(llm._queue), delay=float(os.environ.get("COGENCY_TEST_DELAY", "1.5")))
+    return _SlowModel(list(llm._script.queue), delay=float(os.environ.get("COGENCY_TEST_DELAY", "1.5")))
 
 
 def big_window() -> ScriptedLLM:

@@ -9,7 +9,13 @@ import pytest
 from fakeserver import FakeServer, Reply, sse, stream_hi
 
 from cogency import Agent, tool
-from cogency.errors import AuthenticationError, LLMTimeoutError, ModelNotFoundError, RefusalError
+from cogency.errors import (
+    AuthenticationError,
+    LLMTimeoutError,
+    ModelNotFoundError,
+    RefusalError,
+    UsageError,
+)
 from cogency.llm import AnthropicLLM
 from cogency.reason import step_schema
 
@@ -303,3 +309,20 @@ async def test_a_server_that_refuses_the_step_tool_gets_the_prompt_alone(server)
     await llm.close()
     assert reply.text == '{"response": "ok"}'
     assert "tools" in server.requests[0].body and "tools" not in server.requests[1].body
+
+
+async def test_options_go_on_the_wire_and_what_it_cannot_honour_is_refused(server):
+    server.script(Reply(body=message('{"response": "ok"}')))
+    llm = make(server).with_options(temperature=0.3, top_p=0.8, reasoning_effort="high")
+    await llm.generate(MESSAGES)
+    await llm.close()
+    body = server.requests[0].body
+    assert (body["temperature"], body["top_p"], body["output_config"]) == (
+        0.3, 0.8, {"effort": "high"})
+    plain = make(server)
+    with pytest.raises(UsageError, match="seed=1: the Messages API has no seed"):
+        plain.with_options(seed=1)
+    with pytest.raises(UsageError, match="reasoning_effort='minimal': Anthropic's effort is"):
+        plain.with_options(reasoning_effort="minimal")
+    assert plain.options == {} and plain.temperature is None  # with_options made copies
+    await plain.close()

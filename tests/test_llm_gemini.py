@@ -9,7 +9,13 @@ import pytest
 from fakeserver import FakeServer, Reply, sse
 
 from cogency import Agent
-from cogency.errors import AuthenticationError, LLMTimeoutError, ModelNotFoundError, RefusalError
+from cogency.errors import (
+    AuthenticationError,
+    LLMTimeoutError,
+    ModelNotFoundError,
+    RefusalError,
+    UsageError,
+)
 from cogency.llm import GeminiLLM
 from cogency.reason import step_schema
 
@@ -163,3 +169,20 @@ async def test_api_version_is_chosen_by_option_or_environment(server, monkeypatc
     await llm.generate([{"role": "user", "content": "hi"}])
     await llm.close()
     assert [r.path.split("/")[1] for r in server.requests] == ["v1", "v1alpha"]
+
+
+async def test_options_go_on_the_wire_and_what_it_cannot_honour_is_refused(server):
+    server.script(Reply(body=reply_body('{"response": "a"}')),
+                  Reply(body=reply_body('{"response": "b"}')))
+    llm = make(server).with_options(temperature=0.4, top_p=0.7, seed=9, reasoning_effort="low")
+    await llm.generate(MESSAGES)
+    await llm.with_options(reasoning_effort="none").generate(MESSAGES)
+    await llm.close()
+    config = server.requests[0].body["generationConfig"]
+    assert (config["temperature"], config["topP"], config["seed"]) == (0.4, 0.7, 9)
+    # the SDK sends this object by its proto field names (the API's JSON takes both forms)
+    assert config["thinkingConfig"] == {"thinking_level": "LOW"}
+    assert server.requests[1].body["generationConfig"]["thinkingConfig"] == {
+        "thinking_budget": 0}
+    with pytest.raises(UsageError, match="Gemini's thinking levels go up to xhigh"):
+        llm.with_options(reasoning_effort="max")

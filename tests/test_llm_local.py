@@ -144,6 +144,35 @@ async def test_agent_run_completes_offline(model_path, store, db):
     assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (0,)
 
 
+async def test_the_answer_streams_and_options_reach_llama_cpp(model_path, store):
+    """The plain-text answer streams as response_delta events; temperature, top_p and seed
+    reach llama.cpp's server (as sent on the wire, and as it honours them: the same seed at a
+    high temperature samples the same answer twice)."""
+    llm = LocalLLM(model_path, threads=1, n_ctx=2048)
+    await llm.start()
+    sent: list[dict] = []
+
+    async def record(request):
+        sent.append(json.loads(request.content))
+
+    llm._client._client.event_hooks["request"].append(record)
+    options = {"temperature": 0.9, "top_p": 0.95, "seed": 11}
+    answers = []
+    async with Agent(llm=llm, store=store) as agent:
+        for _ in range(2):
+            stream = agent.stream("What is the capital of France?", "sailor", options=options)
+            events = [event async for event in stream]
+            answers.append(stream.result.response)
+    await llm.close()
+    deltas = [e for e in events if e.type == "response_delta"]
+    assert len(deltas) > 3 and not any(d.restart for d in deltas)
+    assert "".join(d.text for d in deltas) == stream.result.response
+    types = [e.type for e in events]
+    assert types.index("response_delta") < max(i for i, t in enumerate(types) if t == "token")
+    assert answers[0] == answers[1]  # the seed was honoured
+    assert [(b["temperature"], b["top_p"], b["seed"]) for b in sent] == [(0.9, 0.95, 11)] * 2
+
+
 # The benchmark's path (bench/bench_offline.py) on a few of its questions: the same server
 # asked plainly and through the agent. The full run and its figures: docs/benchmarks.md.
 CI_QUESTIONS = (
@@ -212,7 +241,7 @@ def test_a_step_that_can_only_answer_is_asked_as_plain_text():
 
 def test_local_schemas_are_short_and_bounded():
     with_tools = local_schema(step_schema([tool_named("file_read")], True), False)
-    assert list(with_tools["properties"]) == ["secure", "response", "actions"]
+    assert list(with_tools["properties"]) == ["secure", "actions", "response"]  # acts, or answers
     assert with_tools["properties"]["secure"] == {"type": "boolean", "enum": [True]}
     learning = local_schema(INSIGHT_SCHEMA, False)
     for node in walk(learning):
@@ -253,3 +282,35 @@ async def test_with_tools_every_reply_is_a_valid_short_step(model_path, store):
         if event.type == "response":
             text = event.to_dict()["text"]
             assert "final answer" not in text and not text.lstrip().startswith("{")
+
+
+async def test_a_streamed_answer_cut_at_the_token_limit_keeps_what_was_streamed(store):
+    """Against a fake llama.cpp: an answer that runs into ANSWER_TOKENS ends at its last whole
+    sentence, and near the limit only whole sentences stream, so the deltas sent are exactly
+    the answer (no restart)."""
+    import openai
+    from fakeserver import FakeServer, Reply, sse
+
+    from cogency.llm._local import ANSWER_TOKENS
+
+    words = [f" word{i}" + ("." if i % 7 == 6 else "") for i in range(ANSWER_TOKENS)]
+    chunks = [sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
+              for word in words]
+    chunks.append(sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}))
+    with FakeServer() as server:
+        server.script(Reply(events=[*chunks, sse("[DONE]")]))
+        llm = LocalLLM()
+        llm._server = object()  # "started": the fake is its server
+        llm.base_url = server.url + "/v1"
+        llm._client = openai.AsyncOpenAI(api_key="x", base_url=llm.base_url, max_retries=0)
+        async with Agent(llm=llm, store=store) as agent:
+            stream = agent.stream("Ramble.", "ada")
+            events = [event async for event in stream]
+        await llm._client.close()
+    result = stream.result
+    assert result.response.endswith(".") and result.response == "".join(words[:196]).strip()
+    deltas = [e for e in events if e.type == "response_delta"]
+    assert len(deltas) > 100 and not any(d.restart for d in deltas)
+    assert "".join(d.text for d in deltas) == result.response

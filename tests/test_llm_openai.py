@@ -386,3 +386,48 @@ async def test_vllm_s_context_400_is_a_context_length_error(server):
         await llm.generate(MESSAGES)
     await llm.close()
     assert caught.value.window == 2048 and len(server.requests) == 1
+
+
+async def test_options_go_on_the_wire_with_every_call_of_a_task(server, store):
+    """Agent.run(options=...) reaches the request body of each call (the answer's and the
+    step's before it); the answer schema rides in the structured-output schema."""
+    step = {"secure": True, "objective": "", "understanding": "", "approach": "",
+            "discoveries": "", "actions": [{"name": "get_weather", "args": {"city": "Oslo"}}],
+            "response": None}
+    server.script(streamed(json.dumps(step)))
+    llm = make(server)
+    weather = {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    options = {"temperature": 0.25, "top_p": 0.5, "seed": 42, "reasoning_effort": "low",
+               "max_tokens": 20}
+    async with Agent(llm=llm, store=store) as agent:
+        paused = await agent.run("weather?", "ada", options=options, client_tools=[weather])
+        server.script(streamed(json.dumps({**step, "actions": [], "response": "12 °C"})))
+        done = await agent.resume(paused.task_id, "ada",
+                                  results={paused.tool_calls[0]["id"]: "12"})
+    await llm.close()
+    assert (paused.stop_reason, done.stop_reason) == ("awaiting_tool_results", "completed")
+    for sent in server.requests:
+        body = sent.body
+        assert (body["temperature"], body["top_p"], body["seed"], body["reasoning_effort"]) == (
+            0.25, 0.5, 42, "low")
+        assert "max_tokens" not in body  # the answer's bound, never a step's
+    action = server.requests[0].body["response_format"]["json_schema"]["schema"]
+    variants = action["properties"]["actions"]["items"]["anyOf"]
+    assert [v["properties"]["name"]["enum"] for v in variants] == [["get_weather"]]
+    assert list(action["properties"])[-2:] == ["actions", "response"]  # acts, then answers
+
+
+async def test_an_answer_schema_is_sent_as_the_response_property(server, store):
+    person = {"type": "object", "properties": {"name": {"type": "string"}},
+              "required": ["name"], "additionalProperties": False}
+    answer = {"secure": True, "objective": "", "understanding": "", "approach": "",
+              "discoveries": "", "actions": [], "response": {"name": "Ada"}}
+    server.script(streamed(json.dumps(answer)))
+    llm = make(server)
+    async with Agent(llm=llm, store=store) as agent:
+        result = await agent.run("who?", "ada", output_schema=person)
+    await llm.close()
+    assert json.loads(result.response) == {"name": "Ada"}
+    schema = server.requests[0].body["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["response"] == {"anyOf": [person, {"type": "null"}]}

@@ -170,7 +170,7 @@ def test_local_schema_is_bounded_ordered_and_answers_without_tools():
     schema = local_schema(step_schema([], True), judge_security=False)
     props = schema["properties"]
     # Only these: a small model asked for the workspace notes copies their descriptions.
-    assert list(props) == ["secure", "response", "actions"]
+    assert list(props) == ["secure", "actions", "response"]  # acts, or answers
     assert schema["required"] == list(props)
     assert props["secure"] == {"type": "boolean", "enum": [True]}
     assert props["response"]["type"] == "string" and props["response"]["minLength"] == 1

@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from ._answer import AnswerStream
 from ._json import dumps
-from .approvals import Policy, check_policy, run_step, settle_decided
+from .approvals import Policy, check_policy, pause_reason, run_step, settle_decided
+from .client import SETTINGS_KEY, ClientRequest
 from .context import (
     MESSAGE_TOKENS,
     Budgets,
@@ -22,7 +24,8 @@ from .context import (
 )
 from .errors import ContextLengthError, LeaseLostError, LLMError, StoreLockedError, UsageError
 from .events import (
-    Action, Approval, End, Error, Event, Reason, Response, Result, Retry, Start, Token,
+    Action, Approval, End, Error, Event, Reason, Response, ResponseDelta, Result, Retry, Start,
+    Token,
 )
 from .llm.base import LLM, Usage, retries_reported_to
 from .llm.resolve import resolve_llm
@@ -39,7 +42,7 @@ from .tools.base import Tool, Toolset, hide_store_files
 _log = logging.getLogger(__name__)
 STOP_REASONS = (
     "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
-    "cancelled", "awaiting_approval",
+    "cancelled", "awaiting_approval", "awaiting_tool_results",
 )
 NO_PROGRESS_LIMIT = 3
 """Consecutive steps with neither a response nor an action before the run stops."""
@@ -64,8 +67,17 @@ class AgentResult:
     error: str | None = None
     security_assessment: str | None = None
     pending_approvals: list[dict[str, Any]] = field(default_factory=list)
-    """With ``stop_reason="awaiting_approval"``: the calls waiting for a person, each a dict
-    with ``id``, ``name`` and ``args``; decide them with ``resume(approvals=...)``."""
+    """With ``stop_reason="awaiting_approval"`` or ``"awaiting_tool_results"``: the calls that
+    wait, each a dict with ``id``, ``name``, ``args`` and ``decider``: ``"person"`` (decide it
+    with ``resume(approvals=...)``) or ``"client"`` (send its result with
+    ``resume(results=...)``)."""
+    truncated: bool = False
+    """The answer was cut at the client's ``max_tokens`` (OpenAI's ``finish_reason: length``)."""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The waiting calls of the client's tools (``id``, ``name``, ``args``), in order."""
+        return [call for call in self.pending_approvals if call.get("decider") == "client"]
 
 
 class Agent:
@@ -134,23 +146,36 @@ class Agent:
     # -- public API -----------------------------------------------------------------------
 
     async def run(
-        self, query: str, user_id: str = "default", conversation_id: str | None = None
+        self, query: str, user_id: str = "default", conversation_id: str | None = None, *,
+        instructions: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        client_tools: Sequence[Mapping[str, Any]] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
     ) -> AgentResult:
-        """Run a new task to its end and return what it produced."""
-        return await self._collect(self.stream(query, user_id, conversation_id))
+        """Run a new task to its end and return what it produced (the keyword arguments:
+        see :meth:`stream`)."""
+        return await self._collect(self.stream(
+            query, user_id, conversation_id, instructions=instructions, options=options,
+            client_tools=client_tools, output_schema=output_schema))
 
     async def resume(
         self, task_id: str, user_id: str = "default", *,
         approvals: Mapping[str, bool] | None = None,
+        results: Mapping[str, Any] | None = None,
     ) -> AgentResult:
         """Continue an unfinished task from its saved workspace and conversation.
 
-        A task paused for approval needs its calls decided first: ``approvals`` maps each
-        call id to True (run it) or False (the model is told the user denied it); the agent's
-        ``approve`` policy decides what is left, and with ``approve=None`` an undecided call
-        raises :class:`~cogency.errors.ApprovalRequiredError` listing them.
+        A task paused with waiting calls needs them decided first, all at once: ``approvals``
+        maps the id of each call waiting for a person to True (run it) or False (the model is
+        told the user denied it); ``results`` maps the id of each call of a client's tool to
+        the result the client got (text, or a JSON value), which becomes that call's result.
+        The agent's ``approve`` policy decides what is left of a person's calls; an undecided
+        call (any client's; a person's with ``approve=None``) raises
+        :class:`~cogency.errors.ApprovalRequiredError` listing them, and nothing is recorded.
+        A result sent again for a call already answered is ignored.
         """
-        return await self._collect(self.resume_stream(task_id, user_id, approvals=approvals))
+        return await self._collect(self.resume_stream(task_id, user_id, approvals=approvals,
+                                                      results=results))
 
     def stream(
         self,
@@ -160,6 +185,10 @@ class Agent:
         *,
         settings: dict[str, Any] | None = None,
         history: Sequence[tuple[str, str]] = (),
+        instructions: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        client_tools: Sequence[Mapping[str, Any]] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[Event]:
         """Run a new task, yielding its events as they happen; the last one is ``end``.
 
@@ -167,10 +196,27 @@ class Agent:
         ``TaskRecord.settings`` (``store.load_task``), e.g. to rebuild this agent to resume it.
         ``history`` (``("user" | "assistant", text)`` pairs) is stored in the conversation
         before the query, in the same transaction: turns held elsewhere, now its own.
+
+        What a client asks of this task (see :mod:`cogency.client`; stored with it, in
+        ``settings["client"]``, so a resume runs it the same way): ``instructions`` for the
+        model, after Cogency's own rules and the user's profile; ``options`` for the model
+        (``temperature``, ``top_p``, ``seed``, ``reasoning_effort``: every call) and for the
+        answer (``max_tokens``, ``stop``); ``client_tools``, function definitions (OpenAI's)
+        the model may call, each call pausing the task (``awaiting_tool_results``) until
+        ``resume(results=...)``; ``output_schema``, a JSON schema the answer must be valid
+        for. Anything wrong with them raises :class:`~cogency.errors.UsageError` here.
         """
         check_id(user_id, "user_id")
         if not isinstance(query, str) or not query.strip():
             raise UsageError("query must be a non-empty string")
+        request = ClientRequest.build(instructions, options, client_tools, output_schema)
+        request.tools_with(self.tools)  # a clash with an MCP server's tool: when it is listed
+        request.model(self.llm)  # refuses what the model cannot honour, before anything runs
+        if request:
+            if settings and SETTINGS_KEY in settings:
+                raise UsageError(f"settings[{SETTINGS_KEY!r}] is the client's request: pass "
+                                 "instructions=, options=, client_tools=, output_schema=")
+            settings = {**(settings or {}), **request.settings()}
 
         async def open_task(runner: str) -> tuple[State, bool]:
             # One transaction creates the task, holds it for this runner, and stores the query.
@@ -181,17 +227,20 @@ class Agent:
             )
             return state, False
 
-        return self._drive(open_task, query)
+        return self._drive(open_task, query, request=request)
 
     def resume_stream(
         self, task_id: str, user_id: str = "default", *,
         approvals: Mapping[str, bool] | None = None,
+        results: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[Event]:
         """Continue an unfinished task, yielding its events as they happen (see :meth:`resume`)."""
         check_id(task_id, "task_id")
         check_id(user_id, "user_id")
         if approvals is not None and not isinstance(approvals, Mapping):
             raise UsageError("approvals must be a mapping of call id to True or False")
+        if results is not None and not isinstance(results, Mapping):
+            raise UsageError("results must be a mapping of call id to the call's result")
 
         async def open_task(runner: str) -> tuple[State, bool]:
             state = await State.continue_task(
@@ -201,7 +250,7 @@ class Agent:
             state.epoch = await self.store.claim_task(task_id, user_id, runner)
             return state, True
 
-        return self._drive(open_task, approvals=approvals)
+        return self._drive(open_task, approvals=approvals, results=results)
 
     def run_sync(
         self, query: str, user_id: str = "default", conversation_id: str | None = None
@@ -275,11 +324,14 @@ class Agent:
 
     def _drive(
         self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], query: str | None = None,
-        approvals: Mapping[str, bool] | None = None,
+        approvals: Mapping[str, bool] | None = None, *,
+        request: ClientRequest | None = None, results: Mapping[str, Any] | None = None,
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
-        return _EventStream(lambda emit: self._execute(open_task, emit, query, approvals), self)
+        return _EventStream(
+            lambda emit: self._execute(open_task, emit, query, approvals, request, results),
+            self)
 
     async def _execute(
         self,
@@ -287,16 +339,25 @@ class Agent:
         emit: Callable[[Event], None],
         query: str | None = None,
         approvals: Mapping[str, bool] | None = None,
+        request: ClientRequest | None = None,
+        answers: Mapping[str, Any] | None = None,
     ) -> AgentResult:
         await self.llm.start()  # e.g. learn the context window from the server
         window = self.llm.context_window
         runner = new_runner()
         tools = await self._tools_for_run()
+        if request is not None:  # a new task; a resumed one reads its request below
+            tools = request.tools_with(tools)
         if query is not None:
             # Before anything is stored: a query that can never fit is the caller's to fix.
-            self._check_fits(query, window, tools)
+            self._check_fits(query, window, tools, request or ClientRequest())
         state, resumed = await open_task(runner)
-        ex, usage, error = state.execution, Usage(), None
+        if request is None:
+            request = ClientRequest.from_settings(state.settings)
+            tools = request.tools_with(tools)
+        llm = request.model(self.llm)  # after start(): a copy shares what start() set up
+        client = request.prompt()
+        ex, usage, error, truncated = state.execution, Usage(), None, False
         task = state.task_id
         recorded: dict[str, list[dict[str, Any]]] = {}
         saving: asyncio.Future[None] | None = None
@@ -318,7 +379,7 @@ class Agent:
                 if not stored:  # begun by State.start_task alone: the query is not stored yet
                     add_message(state, "user", state.query)
                     await save()
-                if await settle_decided(state, tools, approvals, self.approve, emit):
+                if await settle_decided(state, tools, approvals, self.approve, emit, answers):
                     await save()
             memory, generation = "", 0
             if self.memory is not None:
@@ -338,13 +399,19 @@ class Agent:
                                   self.budgets),
                     self.identity,
                     first,
+                    client,
                 )
-                step, spent, window = await self._ask(system, ex.messages, task, window, tools,
-                                                      first, emit)
+                answer = AnswerStream(
+                    lambda text, restart: emit(ResponseDelta(task, text, restart)),
+                    tools=bool(tools), stop=request.stop, max_tokens=request.max_tokens)
+                step, spent, window, problem = await self._ask(
+                    llm, system, ex.messages, task, window, tools, first, emit, answer,
+                    request.output_schema)
                 usage = usage + spent
                 if step is None:
+                    answer.finish(None)
                     ex.stop_reason = "invalid_response"
-                    error = "the model's replies did not follow the JSON contract"
+                    error = f"the model's replies did not follow the JSON contract ({problem})"
                     break
                 state.workspace.update(step.workspace)
                 emit(Reason(task, ex.iteration, state.workspace.to_dict()))
@@ -352,7 +419,7 @@ class Agent:
                     state.security_assessment = (
                         step.workspace.get("understanding") or step.response or "judged unsafe"
                     )
-                    ex.response = step.response or REFUSAL
+                    ex.response, truncated = request.cut(step.response or REFUSAL)
                     ex.stop_reason = "security"
                 elif step.actions:
                     # A call whose result this task already stored (before a crash) is not run
@@ -379,14 +446,15 @@ class Agent:
                                     result.get("output", result.get("error", ""))))
                     ex.iterations_without_tools = 0
                     if waiting:
-                        ex.stop_reason = "awaiting_approval"
+                        ex.stop_reason = pause_reason(waiting)
                 elif step.response is not None:
-                    ex.response = step.response
+                    ex.response, truncated = request.cut(step.response)
                     ex.stop_reason = "completed"
                 else:
                     ex.iterations_without_tools += 1
                     if ex.iterations_without_tools >= NO_PROGRESS_LIMIT:
                         ex.stop_reason = "no_progress"
+                answer.finish(ex.response)
                 if ex.response is not None:
                     add_message(state, "assistant", ex.response)
                     break
@@ -419,7 +487,7 @@ class Agent:
             # In the background: the answer never waits for learning; close() settles it.
             self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
         for call in waiting:  # after the save above: each can be decided as soon as it is seen
-            emit(Approval(task, call["id"], call["name"], call["args"]))
+            emit(Approval(task, call["id"], call["name"], call["args"], call["decider"]))
         emit(End(task, ex.stop_reason or "error", ex.iteration))
         return AgentResult(
             response=ex.response,
@@ -431,10 +499,12 @@ class Agent:
             error=error,
             security_assessment=state.security_assessment,
             pending_approvals=[{**call, "task_id": task} for call in waiting],
+            truncated=truncated,
         )
 
     async def _ask(
         self,
+        llm: LLM,
         system: str,
         history: Sequence[dict[str, Any]],
         task: str,
@@ -442,45 +512,64 @@ class Agent:
         tools: dict[str, Tool],
         first: bool,
         emit: Callable[[Event], None],
-    ) -> tuple[Step | None, Usage, int]:
+        answer: AnswerStream,
+        answer_schema: dict[str, Any] | None,
+    ) -> tuple[Step | None, Usage, int, str]:
         """One step of the model (``reason``) over the prompt within ``window``; returns the
-        step, what it cost and the window for the rest of the run. A server that says the
-        prompt is too long for it is asked once more with the prompt trimmed to what it says."""
+        step, what it cost, the window for the rest of the run and the last reply's problem
+        (if any). A server that says the prompt is too long for it is asked once more with the
+        prompt trimmed to what it says. The answer streams to ``answer`` as it is written."""
+        problems = [""]
+
+        def token(text: str) -> None:
+            emit(Token(task, str(text)))
+            answer.feed(text)
+
+        def invalid(message: str) -> None:
+            problems.append(message)
+            answer.retry()
+            emit(Error(task, f"invalid reply: {message}"))
+
         for trimmed in (False, True):
             try:
                 with retries_reported_to(
                     lambda attempt, delay, why: emit(Retry(task, attempt, delay, why))
                 ):
                     step, spent = await reason(
-                        self.llm,
+                        llm,
                         prompt_messages(system, history, task, window, self.budgets.output),
                         tools,
                         first_iteration=first,
-                        on_token=lambda text: emit(Token(task, text)),
-                        on_invalid=lambda message: emit(Error(task, f"invalid reply: {message}")),
+                        on_token=token,
+                        on_invalid=invalid,
                         invalid_retries=self.invalid_retries,
                         llm_retries=self.llm_retries,
                         retry_delay=self.retry_delay,
+                        answer_schema=answer_schema,
                     )
-                return step, spent, window
+                return step, spent, window, problems[-1]
             except ContextLengthError as exc:
                 if trimmed:
                     raise
                 # The server's window is smaller than we knew (or counts tokens its own way):
                 # trim to what it says, with a margin, and ask once more.
                 window = int(min(exc.window or window, window) * 0.85)
+                answer.retry()
                 emit(Retry(task, 1, 0.0, f"{exc}; trimming the prompt to {window:,} tokens"))
         raise AssertionError("unreachable")
 
-    def _check_fits(self, query: str, window: int, tools: dict[str, Tool]) -> None:
+    def _check_fits(
+        self, query: str, window: int, tools: dict[str, Tool], request: ClientRequest
+    ) -> None:
         """Raise ContextWindowError if ``query`` cannot fit ``window`` with the first system
         message (the memory, unknown yet, is left out: the loop checks again with it)."""
-        if len(query.encode()) < window // 2:
+        client = request.prompt()
+        if len(query.encode()) + len(client.encode()) < window // 2:
             return  # tokens never outnumber bytes: it fits, whatever the count
         system = system_prompt(
             build_context("", Workspace(objective=query), Execution(max_iterations=1),
                           list(tools.values()), self.budgets),
-            self.identity, True,
+            self.identity, True, client,
         )
         check_query_fits(count_tokens(query), count_tokens(system) + MESSAGE_TOKENS, window,
                          self.budgets.output)

@@ -1,11 +1,15 @@
-"""Approvals: tool calls that wait for a person, and how a resumed task settles them.
+"""Waiting calls: tool calls that wait for a person or for the client, and how a resumed task
+settles them. One mechanism for both: a waiting call is a row of ``task_approvals`` (see
+:data:`~cogency.storage.base.APPROVAL_STATUSES`) with its decider.
 
 A call whose tool ``needs_approval`` runs only when the agent's policy allows it: ``True``
-allows every call, a callable decides each one at once, and ``None`` pauses the task. A paused
-task's calls are rows of ``task_approvals`` (see :data:`~cogency.storage.base.APPROVAL_STATUSES`):
-a person decides them (``Agent.resume(approvals=...)`` or ``Store.decide_approvals``) and the
-resumed task runs the approved ones. An approved call is marked ``running`` in the database
-before it starts, so a crash during it never makes it run again.
+allows every call, a callable decides each one at once, and ``None`` pauses the task; a person
+decides it (``Agent.resume(approvals=...)`` or ``Store.decide_approvals``) and the resumed task
+runs it if approved. An approved call is marked ``running`` in the database before it starts,
+so a crash during it never makes it run again. A call of a tool the client declared
+(:class:`~cogency.client.ClientTool`) always pauses the task: the client runs it and its result
+(``Agent.resume(results=...)``) becomes the call's result. Calls of the same step that need
+neither run before the pause.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from ._json import dumps
 from .errors import ApprovalRequiredError, UsageError
 from .events import Action, Event, Result
 from .state.state import State, add_message, await_approval, settle_approval
-from .tools.base import Tool, run_tools
+from .client import ClientTool
+from .tools.base import Tool, render_output, run_tools
 
 _log = logging.getLogger(__name__)
 
@@ -51,7 +56,10 @@ async def run_step(
     allowed: list[bool | None] = []
     for call in calls:
         tool = tools.get(call["name"])
-        if policy is True or tool is None or not await tool.requires_approval(call.get("args") or {}):
+        if isinstance(tool, ClientTool):
+            allowed.append(None)  # only the client can run it
+        elif policy is True or tool is None or not await tool.requires_approval(
+                call.get("args") or {}):
             allowed.append(True)
         elif policy is None:
             allowed.append(None)
@@ -68,11 +76,20 @@ async def run_step(
     waiting = []
     for call, ok in zip(calls, allowed):
         if ok is None:
-            waiting.append(await_approval(state, call))
+            decider = "client" if isinstance(tools.get(call["name"]), ClientTool) else "person"
+            waiting.append(await_approval(state, call, decider))
             results.append(None)
         else:
             results.append(next(ran) if ok else _refused(call, DENIED, denied=True))
     return results, waiting
+
+
+def pause_reason(waiting: Sequence[dict[str, Any]]) -> str:
+    """The stop reason of a run that ends with ``waiting`` calls: ``awaiting_approval`` while
+    a person must decide one (the client's calls, if any, are listed too), else
+    ``awaiting_tool_results``."""
+    people = any(call.get("decider", "person") == "person" for call in waiting)
+    return "awaiting_approval" if people else "awaiting_tool_results"
 
 
 async def settle_decided(
@@ -81,34 +98,48 @@ async def settle_decided(
     decisions: Mapping[str, bool] | None,
     policy: Policy,
     emit: Callable[[Event], None],
+    results: Mapping[str, Any] | None = None,
 ) -> bool:
-    """At resume: record ``decisions``, have the policy decide what is left (or refuse when it
-    is ``None``), run the approved calls and add every decided call's result. Returns whether
-    any result was added (the caller saves them)."""
+    """At resume: record ``decisions`` (a person's) and ``results`` (the client's), have the
+    policy decide what is left of a person's calls (or refuse when it is ``None``), run the
+    approved calls and add every decided call's result. All or nothing: while a call stays
+    undecided, nothing is recorded. A result for a client's call that was answered before is
+    ignored (the first one stands), so a client may send it again. Returns whether any result
+    was added (the caller saves them)."""
     store, task, user = state.store, state.task_id, state.user_id
     assert store is not None
     decisions = dict(decisions or {})
-    calls = [c for c in await store.load_approvals(task, user) if c["status"] != "done"]
+    stored = await store.load_approvals(task, user)
+    answered = {c["id"] for c in stored if c["decider"] == "client" and c["status"] != "pending"}
+    answers = {call_id: render_output(output) for call_id, output in (results or {}).items()
+               if call_id not in answered}
+    both = sorted(set(decisions) & set(answers))
+    if both:
+        raise UsageError(f"call {both[0]!r} was given both a decision and a result")
+    calls = [c for c in stored if c["status"] != "done"]
     missing = sorted({c["name"] for c in calls if c["name"] not in tools and c["status"] in
-                      ("pending", "approved") and decisions.get(c["id"]) is not False})
+                      ("pending", "approved") and c["decider"] == "person"
+                      and decisions.get(c["id"]) is not False})
     if missing:
         raise UsageError(
             f"task {task!r} waits to run {', '.join(missing)}, which this agent does not have; "
             "resume it with the same tools it was started with"
         )
-    if set(decisions) - {c["id"] for c in calls if c["status"] == "pending"}:
-        await store.decide_approvals(task, user, decisions)  # refuses the unknown or decided id
-    undecided = [c for c in calls if c["status"] == "pending" and c["id"] not in decisions]
-    if undecided and policy is None:
-        shown = ", ".join(f"{c['id']} ({c['name']})" for c in undecided)
-        raise ApprovalRequiredError(
-            f"task {task!r} waits for a decision on {shown}: pass approvals={{call_id: True "
-            f"or False}} to resume (or `cogency approve {task}`)",
-            [_public(c) for c in undecided],
-        )
-    if decisions:  # all or none; an unknown id or a second decision is refused here
-        await store.decide_approvals(task, user, decisions)
-    for call in undecided:  # one at a time: a person answers each in turn
+    given: dict[str, bool | str] = {**decisions, **answers}
+    pending = {c["id"] for c in calls if c["status"] == "pending"}
+    if set(given) - pending:
+        await store.decide_approvals(task, user, given)  # refuses the unknown or decided id
+    undecided = [c for c in calls if c["status"] == "pending" and c["id"] not in given]
+    people = [c for c in undecided if c["decider"] == "person"]
+    clients = [c for c in undecided if c["decider"] == "client"]
+    if clients or (people and policy is None):
+        raise ApprovalRequiredError(_waiting_for(task, people if policy is None else [],
+                                                 clients),
+                                    [_public(c) for c in (people if policy is None else [])
+                                     + clients])
+    if given:  # all or none; an unknown id or a second decision is refused here
+        await store.decide_approvals(task, user, given)
+    for call in people:  # one at a time: a person answers each in turn
         verdict = await _ask(policy, {**_public(call), "user_id": user})
         await store.decide_approvals(task, user, {call["id"]: verdict})
     if not calls:
@@ -123,6 +154,9 @@ async def settle_decided(
     for call in calls:
         if call["status"] == "approved":
             result = {**next(ran), "id": call["id"]}
+        elif call["status"] == "answered":
+            result = {"name": call["name"], "args": call["args"], "id": call["id"], "ok": True,
+                      "output": call["output"] or ""}
         elif call["status"] == "denied":
             result = _refused(call, DENIED, denied=True)
         else:  # running: it started before the process stopped
@@ -132,6 +166,20 @@ async def settle_decided(
         emit(Result(task, 0, call["name"], result["ok"],
                     result.get("output", result.get("error", ""))))
     return True
+
+
+def _waiting_for(task: str, people: list[dict[str, Any]], clients: list[dict[str, Any]]) -> str:
+    """What an undecided resume is told to do."""
+    said = []
+    if people:
+        shown = ", ".join(f"{c['id']} ({c['name']})" for c in people)
+        said.append(f"task {task!r} waits for a decision on {shown}: pass approvals={{call_id: "
+                    f"True or False}} to resume (or `cogency approve {task}`)")
+    if clients:
+        shown = ", ".join(f"{c['id']} ({c['name']})" for c in clients)
+        said.append(f"task {task!r} waits for the client's result of {shown}: pass "
+                    "results={call_id: output} to resume")
+    return "; ".join(said)
 
 
 class _PolicyRaised(UsageError):
@@ -162,4 +210,4 @@ def _refused(call: dict[str, Any], error: str, **flag: bool) -> dict[str, Any]:
 
 def _public(call: dict[str, Any]) -> dict[str, Any]:
     return {"id": call["id"], "task_id": call.get("task_id"), "name": call["name"],
-            "args": call["args"]}
+            "args": call["args"], "decider": call.get("decider", "person")}

@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="print events as JSON lines instead of text")
     running.add_argument("--tokens", action="store_true",
                          help="with --json, also print the model's reply as it streams "
-                              "(token events)")
+                              "(token and response_delta events)")
     running.add_argument("--wait-notice", type=float, default=WAIT_NOTICE, metavar="SECONDS",
                          help="say what the run is waiting for after this long without news "
                               "(default: %(default)g)")
@@ -632,7 +632,7 @@ async def _show(events: AsyncIterator[Any], args: argparse.Namespace,
                 end = event
             if view is not None:
                 view.show(event)
-            elif event.type != "token" or args.tokens:
+            elif event.type not in ("token", "response_delta") or args.tokens:
                 _json_line(event.to_dict())
     finally:
         watcher.cancel()
@@ -758,8 +758,8 @@ class _View:
 
     def show(self, event: Any) -> None:
         kind = event.type
-        if kind == "token":
-            if self.spinner:
+        if kind in ("token", "response_delta"):  # the answer is shown whole, when stored
+            if self.spinner and kind == "token":
                 self.spinner.grow(len(event.text))
             return
         if self.spinner:

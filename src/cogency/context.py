@@ -66,14 +66,18 @@ def _within(text: str, budget: int) -> str:
     return text if len(text.encode()) <= budget else truncate_tokens(text, budget)
 
 
-def system_prompt(context: str, identity: str, first_iteration: bool) -> str:
-    """The context, then who the agent is, the security preamble (iteration 1) and the contract."""
+def system_prompt(context: str, identity: str, first_iteration: bool, client: str = "") -> str:
+    """The context, then who the agent is, the security preamble (iteration 1), the contract,
+    and last the client's part (:meth:`~cogency.client.ClientRequest.prompt`): after every
+    rule, so it can add to them but not come before them."""
     parts = [context]
     if identity:
         parts.append(identity)
     if first_iteration:
         parts.append(SECURITY_PREAMBLE)
     parts.append(contract(first_iteration))
+    if client:
+        parts.append(client)
     return "\n\n".join(parts)
 
 

@@ -62,7 +62,9 @@ class Result(Event):
 
 @dataclass
 class Approval(Event):
-    """A tool call that waits for a person: decide it with ``Agent.resume(approvals=...)``.
+    """A tool call that waits: for a person (``decider="person"``: decide it with
+    ``Agent.resume(approvals=...)``) or for the client whose tool it is (``"client"``: send
+    its result with ``Agent.resume(results=...)``).
 
     Emitted after the task is saved (so the call can be decided at once), before ``end``.
     """
@@ -71,6 +73,25 @@ class Approval(Event):
     id: str = ""
     name: str = ""
     args: dict[str, Any] = field(default_factory=dict)
+    decider: str = "person"
+
+
+@dataclass
+class ResponseDelta(Event):
+    """A piece of the answer as the model writes it, before ``response``.
+
+    Only from a model that streams (one that does not sends none: its ``response`` event
+    alone carries the answer), and only text of a step that answers (a step that calls tools
+    sends none). The pieces since the last one with ``restart`` (that one included) add up
+    to the ``response`` event's text. ``restart`` says that what was sent before is void and the answer starts
+    again with ``text``: the reply turned out invalid and the model's next reply answers
+    differently (one that repeats what was sent only sends what follows it), or the step
+    turned out not to answer (``text`` is then empty).
+    """
+
+    type: ClassVar[str] = "response_delta"
+    text: str = ""
+    restart: bool = False
 
 
 @dataclass
@@ -109,5 +130,5 @@ class End(Event):
     iterations: int = 0
 
 
-__all__ = ["Action", "Approval", "End", "Error", "Event", "Reason", "Response", "Result",
-           "Retry", "Start", "Token"]
+__all__ = ["Action", "Approval", "End", "Error", "Event", "Reason", "Response",
+           "ResponseDelta", "Result", "Retry", "Start", "Token"]

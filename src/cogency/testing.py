@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import itertools
 import json
@@ -11,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import Any, Union
 
 from .errors import ScriptExhaustedError, UsageError
-from .llm.base import LLM, Completion, Message, Usage
+from .llm.base import LLM, Completion, Message, Usage, check_options
 from .tokens import count_tokens
 
 Reply = Union[str, dict[str, Any], Exception]
@@ -31,6 +32,9 @@ class ScriptedLLM(LLM):
 
     ``responses`` may be a list or any iterable, read lazily: a generator gives an endless
     script (benchmarks, soak tests) without holding every reply in memory.
+
+    :meth:`with_options` accepts every option (a copy that shares the script and ``calls``);
+    ``call_options`` holds the options of each call, in the order of ``calls``.
     """
 
     name = "scripted"
@@ -44,35 +48,44 @@ class ScriptedLLM(LLM):
         context_window: int = 128_000,
         count_usage: bool = False,
     ) -> None:
-        self._queue: deque[ScriptItem] = deque()
-        self._source: Iterator[ScriptItem] | None = None
+        self._script = _Script()
         self.extend(responses)
         self.delay = delay
         self.chunk = chunk
         self.context_window = context_window
         self.count_usage = count_usage
         self.calls: list[list[Message]] = []
+        self.options: dict[str, Any] = {}
+        self.call_options: list[dict[str, Any]] = []
 
     @property
     def remaining(self) -> int | None:
         """Replies not yet used; ``None`` while an iterator script may still yield more."""
-        return len(self._queue) if self._source is None else None
+        script = self._script
+        return len(script.queue) if script.source is None else None
 
     def extend(self, responses: Iterable[ScriptItem]) -> None:
         """Add replies to the end of the script."""
-        if self._source is None and isinstance(responses, Sized):
-            self._queue.extend(responses)
+        script = self._script
+        if script.source is None and isinstance(responses, Sized):
+            script.queue.extend(responses)
             return
         later = iter(responses)
-        self._source = later if self._source is None else itertools.chain(self._source, later)
+        script.source = later if script.source is None else itertools.chain(script.source, later)
+
+    def with_options(self, **options: Any) -> ScriptedLLM:
+        more = copy.copy(self)  # the same script, calls and call_options
+        more.options = {**self.options, **check_options(options)}
+        return more
 
     def _take(self) -> ScriptItem:
-        if self._queue:
-            return self._queue.popleft()
-        if self._source is not None:
-            for item in self._source:
+        script = self._script
+        if script.queue:
+            return script.queue.popleft()
+        if script.source is not None:
+            for item in script.source:
                 return item
-            self._source = None
+            script.source = None
         raise ScriptExhaustedError(
             f"ScriptedLLM was called {len(self.calls)} times but has only "
             f"{len(self.calls) - 1} replies; add more replies to the script"
@@ -84,6 +97,7 @@ class ScriptedLLM(LLM):
         if not isinstance(messages, list):
             raise UsageError("messages must be a list of {'role', 'content'} dicts")
         self.calls.append(messages)
+        self.call_options.append(self.options)
         item = self._take()
         if self.delay:
             await asyncio.sleep(self.delay)
@@ -109,6 +123,14 @@ class ScriptedLLM(LLM):
                 yield text[start : start + self.chunk]
                 await asyncio.sleep(0)
         yield completion
+
+
+class _Script:
+    """The replies left: shared by a ScriptedLLM and its copies (``with_options``)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[ScriptItem] = deque()
+        self.source: Iterator[ScriptItem] | None = None
 
 
 __all__ = ["ScriptedLLM"]

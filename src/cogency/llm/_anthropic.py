@@ -18,6 +18,8 @@ log = logging.getLogger("cogency.llm")
 ANTHROPIC_CONTEXT = 200_000
 DEFAULT_MAX_TOKENS = 4096
 """The Messages API requires a bound on the reply."""
+ANTHROPIC_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+"""The values of ``output_config.effort`` (what ``reasoning_effort`` becomes)."""
 STEP_TOOL = "step"
 """The tool whose forced call carries a structured reply."""
 
@@ -31,8 +33,9 @@ class AnthropicLLM(ProviderLLM):
     forced call of a ``step`` tool whose ``input_schema`` is the schema (in the subset the SDK
     documents); its input is the reply. A server that ignores ``tool_choice`` (llama.cpp's
     ``/v1/messages``) answers in text, which is taken as the reply and validated as usual.
-    ``temperature`` and ``extra_body`` go into the request body (the SDK has no parameter
-    for them).
+    ``temperature``, ``top_p`` (:meth:`with_options`) and ``extra_body`` go into the request
+    body (the SDK has no parameter for them); ``reasoning_effort`` becomes
+    ``output_config.effort``; there is no ``seed``.
     """
 
     provider = "anthropic"
@@ -81,6 +84,10 @@ class AnthropicLLM(ProviderLLM):
         if self.temperature is not None:
             # The SDK's create() has no temperature parameter: it goes in the body as is.
             extra["temperature"] = self.temperature
+        if "top_p" in self.options:
+            extra["top_p"] = self.options["top_p"]  # nor top_p
+        if "reasoning_effort" in self.options:
+            request["output_config"] = {"effort": self.options["reasoning_effort"]}
         if extra:
             request["extra_body"] = extra
         if schema is not None:
@@ -135,6 +142,13 @@ class AnthropicLLM(ProviderLLM):
         self._check_enforced(schema, in_call)
         yield Completion("".join(parts), _usage(start_usage, delta_usage),
                          truncated=stop_reason == "max_tokens")
+
+    def _cannot(self, option: str, value: Any) -> str | None:
+        if option == "seed":
+            return "the Messages API has no seed"
+        if option == "reasoning_effort" and value not in ANTHROPIC_EFFORTS:
+            return f"Anthropic's effort is one of {', '.join(ANTHROPIC_EFFORTS)}"
+        return None
 
     def _check_enforced(self, schema: dict[str, Any] | None, called: bool) -> None:
         if schema is not None and not called and not self._warned:

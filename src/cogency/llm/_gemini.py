@@ -19,7 +19,8 @@ class GeminiLLM(ProviderLLM):
     """A Gemini model. ``api_key`` defaults to ``$GEMINI_API_KEY``, then ``$GOOGLE_API_KEY``.
 
     System messages go to ``system_instruction``; the step schema to ``response_json_schema``
-    (in the subset Gemini documents). ``base_url`` points the SDK at another endpoint (a
+    (in the subset Gemini documents); ``reasoning_effort`` (:meth:`with_options`) to
+    ``thinking_config`` (``"none"`` as a thinking budget of 0, others as its level). ``base_url`` points the SDK at another endpoint (a
     LiteLLM proxy, a gateway) and ``api_version`` chooses the API version (``"v1beta"``, which
     ``response_json_schema`` needs, unless ``$GOOGLE_GENAI_API_VERSION`` says otherwise).
     """
@@ -82,6 +83,14 @@ class GeminiLLM(ProviderLLM):
             config["max_output_tokens"] = self.max_tokens
         if self.temperature is not None:
             config["temperature"] = self.temperature
+        for name in ("top_p", "seed"):
+            if name in self.options:
+                config[name] = self.options[name]
+        effort = self.options.get("reasoning_effort")
+        if effort == "none":
+            config["thinking_config"] = self._types.ThinkingConfig(thinking_budget=0)
+        elif effort is not None:
+            config["thinking_config"] = self._types.ThinkingConfig(thinking_level=effort.upper())
         return {
             "model": self.model,
             "contents": contents,
@@ -112,6 +121,11 @@ class GeminiLLM(ProviderLLM):
             if chunk.usage_metadata is not None:
                 usage = _usage(chunk.usage_metadata)
         yield Completion("".join(parts), usage, truncated=finish == "MAX_TOKENS")
+
+    def _cannot(self, option: str, value: Any) -> str | None:
+        if option == "reasoning_effort" and value == "max":
+            return "Gemini's thinking levels go up to xhigh"
+        return None
 
     def _check_blocked(self, reply: Any) -> None:
         feedback = getattr(reply, "prompt_feedback", None)

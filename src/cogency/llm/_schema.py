@@ -145,10 +145,19 @@ def bounded(
     no_tools = isinstance(actions, dict) and actions.get("maxItems") == 0
     if isinstance(actions, dict) and not no_tools:
         actions["maxItems"] = min(actions.get("maxItems", max_actions), max_actions)
-    if "response" in props:
+    if "response" in props and text_answer(props["response"]):  # not a JSON answer
         answer = {"type": "string", "minLength": 1, "maxLength": response_chars}
         props["response"] = answer if no_tools else {"anyOf": [answer, {"type": "null"}]}
     return out
+
+
+def text_answer(response: Any) -> bool:
+    """Whether a step's ``response`` schema is the usual text (or null), not a JSON answer
+    with a schema of its own (``output_schema``)."""
+    options = response.get("anyOf") if isinstance(response, dict) else None
+    return isinstance(options, list) and all(
+        isinstance(o, dict) and o.get("type") in ("string", "null")
+        and set(o) <= {"type", "maxLength"} for o in options)
 
 
 def _all_keywords(schema: Any) -> set[str]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import UsageError
 
 Message = dict[str, Any]
 """A chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
@@ -38,6 +40,15 @@ class Completion:
     truncated: bool = False
     """The reply stopped at the output token limit (``finish_reason: length``,
     ``stop_reason: max_tokens``, ``MAX_TOKENS``): it is probably cut off mid-JSON."""
+
+
+class AnswerText(str):
+    """A streamed piece that is the answer's own text, not part of a JSON step.
+
+    An adapter that has the model write a step's answer as plain text (the local model, for
+    a step that can only answer) yields its pieces as ``AnswerText``, so the agent can stream
+    them as the answer; its :class:`Completion` is still the whole step as JSON.
+    """
 
 
 class LLM(ABC):
@@ -72,6 +83,18 @@ class LLM(ABC):
         do it here; the default does nothing.
         """
 
+    def with_options(self, **options: Any) -> LLM:
+        """This model with sampling options for each call it makes (see :data:`OPTIONS`):
+        a copy sharing its connections; ``self`` is unchanged. An option left ``None`` is
+        not set. Raises :class:`~cogency.errors.UsageError` for an option it cannot honour
+        (this default honours none, so any option set is refused).
+        """
+        checked = check_options(options)
+        if checked:
+            raise UsageError(f"{self.name} cannot honour {', '.join(checked)}: this model "
+                             "takes no sampling options")
+        return self
+
     def with_output_limit(self, max_tokens: int) -> LLM | None:
         """This model with a reply cap of ``max_tokens``, or ``None`` if it has no cap to raise.
 
@@ -81,6 +104,39 @@ class LLM(ABC):
 
     async def close(self) -> None:
         """Release connections (no-op unless the adapter holds some)."""
+
+
+OPTIONS = ("temperature", "top_p", "seed", "reasoning_effort")
+"""What :meth:`LLM.with_options` may set: ``temperature`` (0 to 2), ``top_p`` (0 to 1),
+``seed`` (an integer: repeatable sampling where the provider offers it) and
+``reasoning_effort`` (one of :data:`REASONING_EFFORTS`, for models that reason)."""
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without the ``None`` ones, or a :class:`UsageError` naming one that is
+    unknown or out of range."""
+    checked: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name not in OPTIONS:
+            raise UsageError(f"unknown model option {name!r}: the options are "
+                             f"{', '.join(OPTIONS)}")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in ("temperature", "top_p"):
+            top = 2 if name == "temperature" else 1
+            if not number or not 0 <= value <= top:
+                raise UsageError(f"{name} must be a number from 0 to {top}, not {value!r}")
+            value = float(value)
+        elif name == "seed" and (not isinstance(value, int) or isinstance(value, bool)
+                                 or not -2**63 <= value < 2**63):
+            raise UsageError(f"seed must be a 64-bit integer, not {value!r}")
+        elif name == "reasoning_effort" and value not in REASONING_EFFORTS:
+            raise UsageError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                             f"not {value!r}")
+        checked[name] = value
+    return checked
 
 
 RetryListener = Callable[[int, float, str], None]

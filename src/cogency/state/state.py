@@ -47,6 +47,8 @@ class State:
     version: int = 1
     """The workspace row version this state last saw; a stale one makes saves conflict."""
     completed: bool = False
+    settings: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What the task's starter stored with it (``TaskRecord.settings``)."""
     epoch: int | None = None
     """The lease epoch of the runner this state writes for: its saves are refused
     (:class:`~cogency.errors.LeaseLostError`) once another runner holds the task."""
@@ -127,6 +129,7 @@ class State:
             history_tokens,
         )
         state._saved_workspace = state.workspace.to_dict()
+        state.settings = dict(settings or {})
         state.epoch = 1 if runner else None
         recent = History(record.recent if record.recent is not None else first)
         # The query is the newest message, so the window holds it iff it ends with it (one
@@ -171,6 +174,7 @@ class State:
             execution=Execution(max_iterations=max_iterations, messages=History(history)),
             store=store,
             version=task.version,
+            settings=task.settings,
             _owns_store=owned,
         )
         state._saved_workspace = state.workspace.to_dict()
@@ -221,11 +225,11 @@ def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str
     return message
 
 
-def await_approval(state: State, call: dict[str, Any]) -> dict[str, Any]:
-    """Record that ``call`` waits for a person; the next save stores it. Returns it with its
-    new ``id`` (what the person decides on)."""
+def await_approval(state: State, call: dict[str, Any], decider: str = "person") -> dict[str, Any]:
+    """Record that ``call`` waits for its ``decider`` (a person, or the client whose tool it
+    is); the next save stores it. Returns it with its new ``id`` (what is decided on)."""
     waiting = {"id": f"call_{uuid.uuid4().hex[:16]}", "name": call["name"],
-               "args": call.get("args") or {}}
+               "args": call.get("args") or {}, "decider": decider}
     state._approvals.append(waiting)
     return waiting
 

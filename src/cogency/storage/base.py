@@ -31,6 +31,7 @@ MIGRATION_NAMES = (
     "m006_approvals",
     "m007_service",
     "m008_task_settings",
+    "m009_client_tool_calls",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
 
@@ -57,10 +58,15 @@ class TaskRecord:
     filled by ``load_task`` and ``list_tasks``."""
 
 
-APPROVAL_STATUSES = ("pending", "approved", "denied", "running", "done")
-"""The life of a tool call that needs a person: ``pending`` until decided (``approved`` or
-``denied``); an approved call is marked ``running`` before it starts, so it never starts
-twice; ``done`` once its result (or the denial) is stored in the conversation."""
+APPROVAL_STATUSES = ("pending", "approved", "denied", "running", "answered", "done")
+"""The life of a tool call that waits (see :data:`DECIDERS`): ``pending`` until decided. A
+person's call is then ``approved`` or ``denied``, and an approved call is marked ``running``
+before it starts, so it never starts twice; a client's call is ``answered`` when its result
+(``output``) arrives. ``done`` once its result (or the denial) is stored in the
+conversation."""
+DECIDERS = ("person", "client")
+"""Who decides a waiting call: a ``person`` approves or denies it (a tool that needs
+approval); the ``client`` runs it and sends its result (a tool the client declared)."""
 
 
 @dataclass
@@ -88,8 +94,8 @@ class SaveBatch:
     ``expected_version`` (or holds the version this same ``save_id`` wrote, when an earlier
     attempt landed unseen); ``complete`` deletes the workspace. With ``epoch`` set, the whole
     batch is refused (:class:`~cogency.errors.LeaseLostError`) unless the task row still has
-    that lease epoch. ``approvals`` (``{"id", "name", "args"}`` each) are stored as calls
-    waiting for a person (once, on a retry too); ``settled`` names calls whose result is among
+    that lease epoch. ``approvals`` (``{"id", "name", "args", "decider"}`` each, the decider
+    ``"person"`` when not given) are stored as waiting calls (once, on a retry too); ``settled`` names calls whose result is among
     ``messages`` (their status becomes ``done``).
     """
 
@@ -199,17 +205,20 @@ class Store(Protocol):
     async def load_approvals(
         self, task_id: str, user_id: str, status: str | None = None
     ) -> list[dict[str, Any]]:
-        """The task's calls that needed a person (only those in ``status`` when given), in
-        the order the model asked for them: dicts with ``id``, ``task_id``, ``name``,
-        ``args``, ``status``, ``created_at`` and ``decided_at`` (ISO strings or None)."""
+        """The task's calls that waited (only those in ``status`` when given), in the order
+        the model asked for them: dicts with ``id``, ``task_id``, ``name``, ``args``,
+        ``status``, ``decider``, ``output`` (a client's result, once answered),
+        ``created_at`` and ``decided_at`` (ISO strings or None)."""
         ...
 
     async def decide_approvals(
-        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool | str]
     ) -> list[dict[str, Any]]:
-        """Approve (``True``) or deny (``False``) pending calls by id, all or none: an unknown
-        id raises ``NotFoundError``, a call decided before ``ConflictError``. Returns the
-        decided calls. Nothing runs here: ``Agent.resume`` runs what was approved."""
+        """Decide pending calls by id, all or none: a person's call is approved (``True``) or
+        denied (``False``), a client's call is answered with its result (a ``str``, stored as
+        its ``output``). An unknown id raises ``NotFoundError``, a call decided before
+        ``ConflictError``, a decision of the wrong kind ``UsageError``. Returns the decided
+        calls. Nothing runs here: ``Agent.resume`` runs what was approved."""
         ...
 
     async def start_approvals(self, task_id: str, user_id: str, call_ids: Sequence[str]) -> None:
@@ -410,14 +419,17 @@ def schema_problem(done: set[str], where: str) -> StorageError | None:
     return None
 
 
+APPROVAL_COLUMNS = "call_id, task_id, call_data, status, created_at, decided_at, decider, output"
+"""What :func:`approval_record` reads of a ``task_approvals`` row, in its order."""
+
+
 def approval_record(row: Any) -> dict[str, Any]:
-    """A ``task_approvals`` row (call_id, task_id, call_data, status, created_at, decided_at)
-    as the dict the store API returns."""
-    call_id, task_id, data, status, created, decided = row
+    """A ``task_approvals`` row (:data:`APPROVAL_COLUMNS`) as the dict the store API returns."""
+    call_id, task_id, data, status, created, decided, decider, output = row
     call = decode(data, "task_approvals", call_id, "call_data")
     return {"id": call_id, "task_id": task_id, "name": call.get("name"),
-            "args": call.get("args") or {}, "status": status, "created_at": created,
-            "decided_at": decided}
+            "args": call.get("args") or {}, "status": status, "decider": decider,
+            "output": output, "created_at": created, "decided_at": decided}
 
 
 def approval_data(call: dict[str, Any]) -> str:
@@ -426,31 +438,45 @@ def approval_data(call: dict[str, Any]) -> str:
 
 
 def check_decisions(
-    task_id: str, statuses: Mapping[str, str], decisions: Mapping[str, bool]
-) -> None:
-    """Refuse a set of decisions unless every one is a bool for a pending call of the task."""
+    task_id: str, statuses: Mapping[str, tuple[str, str]], decisions: Mapping[str, bool | str]
+) -> list[tuple[str, str | None, str]]:
+    """Refuse a set of decisions unless each is one its pending call of the task takes (a
+    bool for a person's, a str for a client's: ``statuses`` maps call ids to (status,
+    decider)); otherwise the updates to make: (new status, output, call id) each."""
     from ..errors import ConflictError, NotFoundError, UsageError
 
     if not isinstance(decisions, Mapping) or not decisions:
-        raise UsageError("decisions must be a non-empty mapping of call id to True or False")
-    waiting = sorted(call for call, status in statuses.items() if status == "pending")
+        raise UsageError("decisions must be a non-empty mapping of call id to True or False "
+                         "(a person's call) or its result (a client's call)")
+    waiting = sorted(call for call, (status, _) in statuses.items() if status == "pending")
+    updates: list[tuple[str, str | None, str]] = []
     for call_id, verdict in decisions.items():
-        if not isinstance(verdict, bool):
-            raise UsageError(
-                f"the decision for call {call_id!r} must be True (approve) or False (deny), "
-                f"not {verdict!r}"
-            )
-        status = statuses.get(call_id)
+        status, decider = statuses.get(call_id, (None, None))
         if status is None:
             raise NotFoundError(
-                f"task {task_id!r} has no call {str(call_id)[:80]!r} waiting for approval "
+                f"task {task_id!r} has no call {str(call_id)[:80]!r} waiting for a decision "
                 f"(waiting: {', '.join(waiting) or 'none'})"
+            )
+        if decider == "client" and not isinstance(verdict, str):
+            raise UsageError(
+                f"call {call_id!r} is a call of a tool the client declared: its decision is "
+                f"the result the client sends (a string), not {str(verdict)[:40]!r}"
+            )
+        if decider != "client" and not isinstance(verdict, bool):
+            raise UsageError(
+                f"the decision for call {call_id!r} must be True (approve) or False (deny), "
+                f"not {str(verdict)[:40]!r}"
             )
         if status != "pending":
             raise ConflictError(
                 f"call {call_id!r} of task {task_id!r} was already decided ({status}); "
                 "a decision cannot be changed"
             )
+        if isinstance(verdict, str):
+            updates.append(("answered", verdict, call_id))
+        else:
+            updates.append(("approved" if verdict else "denied", None, call_id))
+    return updates
 
 
 def legacy_messages(

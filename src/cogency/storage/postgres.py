@@ -42,6 +42,7 @@ from .base import (
     ConversationRecord,
     SaveBatch,
     TaskRecord,
+    APPROVAL_COLUMNS,
     approval_data,
     approval_record,
     check_decisions,
@@ -290,6 +291,16 @@ async def _m008_task_settings(db: asyncpg.Connection) -> None:
     await db.execute("ALTER TABLE task_workspaces ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
 
 
+async def _m009_client_tool_calls(db: asyncpg.Connection) -> None:
+    # A call of a tool the client declared (OpenAI function calling) waits in the same table
+    # as a call waiting for a person: the client decides it by sending its result, kept
+    # here until the resumed task stores it in the conversation.
+    await db.execute(
+        "ALTER TABLE task_approvals ADD COLUMN decider TEXT NOT NULL DEFAULT 'person', "
+        "ADD COLUMN output TEXT"
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -299,6 +310,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m006_approvals", _m006_approvals),
     ("m007_service", _m007_service),
     ("m008_task_settings", _m008_task_settings),
+    ("m009_client_tool_calls", _m009_client_tool_calls),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -980,21 +992,23 @@ class PostgresStore:
         return await self._use("loading approvals", work, write=False)
 
     async def decide_approvals(
-        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool | str]
     ) -> list[dict[str, Any]]:
         async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
             await _owned_task(db, task_id, user_id)
             # Locks the task's calls: a second decider waits, then sees them decided.
             rows = await db.fetch(
-                "SELECT call_id, status FROM task_approvals WHERE " + _TASK_KEY + " FOR UPDATE",
-                task_id, user_id,
+                "SELECT call_id, status, decider FROM task_approvals WHERE " + _TASK_KEY
+                + " FOR UPDATE", task_id, user_id,
             )
-            check_decisions(task_id, {row[0]: row[1] for row in rows}, decisions)
+            updates = check_decisions(task_id, {row[0]: (row[1], row[2]) for row in rows},
+                                      decisions)
+            stamp = _time.now().isoformat()
             await db.executemany(
-                "UPDATE task_approvals SET status = $1, decided_at = $2 "
-                "WHERE task_id = $3 AND call_id = $4 AND status = 'pending'",
-                [("approved" if verdict else "denied", _time.now().isoformat(), task_id, call_id)
-                 for call_id, verdict in decisions.items()],
+                "UPDATE task_approvals SET status = $1, output = $2, decided_at = $3 "
+                "WHERE task_id = $4 AND call_id = $5 AND status = 'pending'",
+                [(status, _put_text(output) if output is not None else None, stamp, task_id,
+                  call_id) for status, output, call_id in updates],
             )
             decided = (await _approvals(db, [task_id])).get(task_id, [])
             return [call for call in decided if call["id"] in decisions]
@@ -1256,13 +1270,16 @@ async def _approvals(
     if not task_ids:
         return found
     rows = await db.fetch(
-        "SELECT call_id, task_id, call_data::text, status, created_at, decided_at "
+        f"SELECT {APPROVAL_COLUMNS.replace('call_data', 'call_data::text')} "
         "FROM task_approvals WHERE task_id = ANY($1::text[]) "
         "AND ($2::text IS NULL OR status = $2::text) ORDER BY task_id, position",
         list(task_ids), status,
     )
     for row in rows:
-        found.setdefault(row[1], []).append(approval_record(row))
+        call = approval_record(row)
+        if call["output"] is not None:
+            call["output"] = _get_text(call["output"])
+        found.setdefault(row[1], []).append(call)
     return found
 
 
@@ -1275,10 +1292,11 @@ async def _record_approvals(db: asyncpg.Connection, batch: SaveBatch, stamp: dat
         await db.executemany(
             # ON CONFLICT: a save retried after an unknown outcome stores each call once.
             "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, "
-            "status, created_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6) "
+            "status, created_at, decider) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7) "
             "ON CONFLICT (task_id, call_id) DO NOTHING",
             [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call),
-              stamp.isoformat()) for number, call in enumerate(batch.approvals, start=1)],
+              stamp.isoformat(), call.get("decider", "person"))
+             for number, call in enumerate(batch.approvals, start=1)],
         )
     if batch.settled:
         await db.execute(

@@ -32,6 +32,7 @@ from .base import (
     SaveBatch,
     TaskRecord,
     abandon_runner,
+    APPROVAL_COLUMNS,
     approval_data,
     approval_record,
     check_decisions,
@@ -219,6 +220,14 @@ def _m008_task_settings(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE task_workspaces ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
 
 
+def _m009_client_tool_calls(db: sqlite3.Connection) -> None:
+    # A call of a tool the client declared (OpenAI function calling) waits in the same table
+    # as a call waiting for a person: the client decides it by sending its result, kept
+    # here until the resumed task stores it in the conversation.
+    db.execute("ALTER TABLE task_approvals ADD COLUMN decider TEXT NOT NULL DEFAULT 'person'")
+    db.execute("ALTER TABLE task_approvals ADD COLUMN output TEXT")
+
+
 def _script(db: sqlite3.Connection, sql: str) -> None:
     # executescript() would COMMIT first; a migration must stay inside its transaction.
     statement = ""
@@ -272,6 +281,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m006_approvals", _m006_approvals),
     ("m007_service", _m007_service),
     ("m008_task_settings", _m008_task_settings),
+    ("m009_client_tool_calls", _m009_client_tool_calls),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -605,20 +615,20 @@ class SQLiteStore:
         return await self._run(work)
 
     async def decide_approvals(
-        self, task_id: str, user_id: str, decisions: Mapping[str, bool]
+        self, task_id: str, user_id: str, decisions: Mapping[str, bool | str]
     ) -> list[dict[str, Any]]:
         def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
             _owned_task(db, task_id, user_id)
-            statuses = dict(db.execute(
-                "SELECT call_id, status FROM task_approvals WHERE task_id = ?", (task_id,)
-            ).fetchall())
-            check_decisions(task_id, statuses, decisions)
+            statuses = {call: (status, decider) for call, status, decider in db.execute(
+                "SELECT call_id, status, decider FROM task_approvals WHERE task_id = ?",
+                (task_id,),
+            )}
+            updates = check_decisions(task_id, statuses, decisions)
             stamp = _time.now().isoformat()
             db.executemany(
-                "UPDATE task_approvals SET status = ?, decided_at = ? "
+                "UPDATE task_approvals SET status = ?, output = ?, decided_at = ? "
                 "WHERE task_id = ? AND call_id = ? AND status = 'pending'",
-                [("approved" if verdict else "denied", stamp, task_id, call_id)
-                 for call_id, verdict in decisions.items()],
+                [(status, output, stamp, task_id, call_id) for status, output, call_id in updates],
             )
             decided = _approvals(db, [task_id]).get(task_id, [])
             return [call for call in decided if call["id"] in decisions]
@@ -993,10 +1003,7 @@ def _approvals(
     for start in range(0, len(task_ids), 500):  # within SQLite's bound-parameter limit
         chunk = list(task_ids[start : start + 500])
         marks = ",".join("?" * len(chunk))
-        sql = (
-            "SELECT call_id, task_id, call_data, status, created_at, decided_at "
-            f"FROM task_approvals WHERE task_id IN ({marks})"
-        )
+        sql = f"SELECT {APPROVAL_COLUMNS} FROM task_approvals WHERE task_id IN ({marks})"
         if status is not None:
             sql += " AND status = ?"
             chunk.append(status)
@@ -1013,8 +1020,9 @@ def _record_approvals(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> N
     db.executemany(
         # OR IGNORE: a save retried after an unknown outcome stores each call once.
         "INSERT OR IGNORE INTO task_approvals (task_id, call_id, user_id, position, call_data, "
-        "status, created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
-        [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call), stamp)
+        "status, created_at, decider) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
+        [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call), stamp,
+          call.get("decider", "person"))
          for number, call in enumerate(batch.approvals, start=1)],
     )
     db.executemany(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Union, get_args, get_origin, overload
 
+from .._jsonschema import SchemaViolation, type_name, validate
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
 from ..tokens import truncate_tokens
@@ -109,7 +110,10 @@ class Tool:
         :class:`~cogency.errors.ToolArgumentError` saying what is wrong."""
         if args is None:
             args = {}
-        _check(args, self.parameters, "args", self.name)
+        try:
+            validate(args, self.parameters, "args", "argument")
+        except SchemaViolation as exc:
+            raise ToolArgumentError(f"tool {self.name!r}: {exc}") from None
         return args
 
     async def __call__(self, **args: Any) -> Any:
@@ -134,7 +138,7 @@ class Tool:
         props = self.parameters.get("properties", {})
         required = set(self.parameters.get("required", []))
         args = ", ".join(
-            f"{key}: {_type_name(spec)}{'' if key in required else ' = optional'}"
+            f"{key}: {type_name(spec)}{'' if key in required else ' = optional'}"
             for key, spec in props.items()
         )
         return f"{self.name}({args}): {self.description}"
@@ -259,7 +263,7 @@ async def run_tool(tool_: Tool | None, name: str, args: dict[str, Any]) -> dict[
         # Redacted before it is stored or shown.
         error = await _off_loop(tool_, _cut, f"{type(exc).__name__}: {exc}")
         return {"name": name, "args": args, "ok": False, "error": error}
-    output = await _off_loop(tool_, _render, value)
+    output = await _off_loop(tool_, render_output, value)
     return {"name": name, "args": args, "ok": True, "output": output}
 
 
@@ -287,7 +291,9 @@ _RENDER_ON_LOOP = 1_000
 """Outputs shorter than this are redacted (and counted) on the loop: a thread costs more."""
 
 
-def _render(value: Any) -> str:
+def render_output(value: Any) -> str:
+    """A tool's output as stored and shown: JSON for what is not text, secrets redacted, cut
+    to :data:`MAX_OUTPUT_CHARS` (and :data:`MAX_OUTPUT_TOKENS`)."""
     if value is None:
         text = ""
     elif isinstance(value, str):
@@ -386,16 +392,6 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
     raise ToolError(f"{where}: cannot describe the type {hint!r} in a JSON schema")
 
 
-def _type_name(spec: dict[str, Any]) -> str:
-    if "enum" in spec:
-        return " | ".join(json.dumps(v) for v in spec["enum"])
-    if "anyOf" in spec:
-        return " | ".join(_type_name(s) for s in spec["anyOf"])
-    if spec.get("type") == "array" and "items" in spec:
-        return f"list[{_type_name(spec['items'])}]"
-    return str(spec.get("type", "any"))
-
-
 def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:
     summary = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
     args: dict[str, str] = {}
@@ -410,73 +406,3 @@ def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:
             elif current and line.strip():
                 args[current] += " " + line.strip()
     return summary, args
-
-
-# -- validation ----------------------------------------------------------------------------
-
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-    "null": lambda v: v is None,
-}
-
-
-def _check(value: Any, spec: dict[str, Any], path: str, tool_name: str) -> None:
-    def fail(message: str) -> None:
-        raise ToolArgumentError(f"tool {tool_name!r}: {path} {message}")
-
-    if "anyOf" in spec:
-        for option in spec["anyOf"]:
-            try:
-                _check(value, option, path, tool_name)
-                return
-            except ToolArgumentError:
-                continue
-        fail(f"must be {_type_name(spec)}, got {_describe(value)}")
-    if "enum" in spec and value not in spec["enum"]:
-        fail(f"must be one of {', '.join(json.dumps(v) for v in spec['enum'])}, got {_describe(value)}")
-    kind = spec.get("type")
-    if kind is not None:
-        kinds = kind if isinstance(kind, list) else [kind]
-        if not any(_JSON_TYPES[k](value) for k in kinds if k in _JSON_TYPES):
-            fail(f"must be {'/'.join(kinds)}, got {_describe(value)}")
-    if isinstance(value, float) and value != value:
-        fail("must be a number, got NaN")
-    if isinstance(value, str) and "maxLength" in spec and len(value) > spec["maxLength"]:
-        fail(f"is longer than {spec['maxLength']} characters")
-    if isinstance(value, list) and "items" in spec:
-        for index, item in enumerate(value):
-            _check(item, spec["items"], f"{path}[{index}]", tool_name)
-    if isinstance(value, dict):
-        props = spec.get("properties", {})
-        for key in spec.get("required", []):
-            if key not in value:
-                fail(f"is missing the required argument {key!r}")
-        extra = spec.get("additionalProperties", True)
-        for key, item in value.items():
-            if not isinstance(key, str):
-                fail("has a non-string key")
-            if key in props:
-                _check(item, props[key], f"{path}.{key}", tool_name)
-            elif extra is False:
-                allowed = ", ".join(props) or "none"
-                fail(f"has an unknown argument {key!r} (allowed: {allowed})")
-            elif isinstance(extra, dict):
-                _check(item, extra, f"{path}.{key}", tool_name)
-
-
-def _describe(value: Any) -> str:
-    try:
-        if isinstance(value, str):
-            text = repr(value)
-        else:
-            text = json.dumps(value, ensure_ascii=False, default=repr)
-    except (RecursionError, ValueError):  # hostile input: nested past the recursion limit
-        text = "(nested too deeply to show)"
-    kind = type(value).__name__
-    return f"{kind} {text[:60]}{'…' if len(text) > 60 else ''}"
-

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from .._jsonschema import SchemaError, inline_refs
 from ..errors import ConfigurationError, ToolArgumentError, ToolError, UsageError
 from .base import DEFAULT_TIMEOUT, Tool
 
@@ -677,30 +678,12 @@ def _clean(text: str) -> str:
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with local ``$ref``s replaced by what they point at (to a bounded depth;
-    deeper, or recursive, becomes ``{}``), without ``$defs``/``$schema``: a tool's parameters
-    are embedded in the step schema, where ``#/...`` would point elsewhere."""
-    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
-
-    def walk(node: Any, depth: int) -> Any:
-        if depth > 12:
-            return {}
-        if isinstance(node, list):
-            return [walk(item, depth + 1) for item in node]
-        if not isinstance(node, dict):
-            return node
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            match = re.fullmatch(r"#/(?:\$defs|definitions)/(.+)", ref)
-            target = defs.get(match.group(1)) if match else None
-            rest = {k: v for k, v in node.items() if k != "$ref"}
-            return {**walk(target, depth + 1), **walk(rest, depth + 1)} if target else {}
-        return {key: walk(value, depth + 1) for key, value in node.items()
-                if key not in ("$defs", "definitions", "$schema", "$id")}
-
+    """``schema`` with local ``$ref``\ s inlined (a recursive or unknown one becomes ``{}``,
+    a schema too large once inlined accepts any arguments): a tool's parameters are embedded
+    in the step schema, where ``#/...`` would point elsewhere."""
     try:
-        result = walk(schema, 0)
-    except RecursionError:
+        result = inline_refs(schema, lenient=True)
+    except SchemaError:
         result = {}
     return {**result, "type": "object"}
 
