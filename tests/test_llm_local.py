@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 from conftest import IN_CI
+from pydantic import Field
 
 from cogency import Agent, Memory
 from cogency.errors import ConfigurationError
@@ -253,3 +256,35 @@ async def test_with_tools_every_reply_is_a_valid_short_step(model_path, store):
         if event.type == "response":
             text = event.to_dict()["text"]
             assert "final answer" not in text and not text.lstrip().startswith("{")
+
+
+async def test_pydantic_typed_tools_work_under_the_grammar(model_path, store):
+    """A tool whose schema has Pydantic's $defs/$ref, a date-time, a fixed tuple and a
+    constraint: llama.cpp builds its grammar from the step schema, and the model's call
+    validates and reaches the function as the declared types."""
+    from typing_extensions import TypedDict
+
+    class Mark(TypedDict):
+        x: int
+        y: int
+
+    got: list[tuple[object, ...]] = []
+
+    @tool
+    def plot(at: Mark, when: datetime.datetime, span: tuple[int, str],
+             size: Annotated[int, Field(ge=1, le=9)]) -> str:
+        """Plot a dot at a point, on a date."""
+        got.append((at, when, span, size))
+        return "plotted"
+
+    llm = LocalLLM(model_path, n_ctx=4096)
+    async with Agent(llm=llm, tools=[plot], store=store, max_iterations=1,
+                     approve=True) as agent:
+        events = [event async for event in agent.stream(
+            "Plot a dot of size 3 at x 1, y 2 on 2024-05-01, span 4 'days'. Use plot.")]
+    await llm.close()
+    assert [e.to_dict() for e in events if e.type == "error"] == []
+    assert got, [e.to_dict() for e in events if e.type != "token"]
+    at, when, span, size = got[0]
+    assert set(at) == {"x", "y"} and isinstance(when, datetime.datetime)  # type: ignore[arg-type]
+    assert isinstance(span, tuple) and len(span) == 2 and 1 <= size <= 9  # type: ignore[operator]

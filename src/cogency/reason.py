@@ -19,6 +19,7 @@ from .errors import (
     ScriptExhaustedError,
     ToolArgumentError,
 )
+from .llm._schema import lift_defs
 from .llm.base import LLM, Completion, Message, Usage, report_retry
 from .state.workspace import WORKSPACE_FIELDS
 from .tools.base import Tool
@@ -281,10 +282,14 @@ def step_schema(tools: Sequence[Tool], first_iteration: bool) -> dict[str, Any]:
     text = {"type": "string", "maxLength": MAX_FIELD_CHARS}
     properties: dict[str, Any] = {name: text for name in WORKSPACE_FIELDS}
     properties["response"] = {"anyOf": [text, {"type": "null"}]}
+    # Named types of the tools' arguments (Pydantic's $defs) move to the root, where their
+    # references resolve, each under its tool's name.
+    defs: dict[str, Any] = {}
     action_variants = [
         {
             "type": "object",
-            "properties": {"name": {"type": "string", "enum": [t.name]}, "args": t.parameters},
+            "properties": {"name": {"type": "string", "enum": [t.name]},
+                           "args": lift_defs(t.parameters, f"{t.name}__", defs)},
             "required": ["name", "args"],
             "additionalProperties": False,
         }
@@ -299,12 +304,15 @@ def step_schema(tools: Sequence[Tool], first_iteration: bool) -> dict[str, Any]:
     if first_iteration:
         properties = {"secure": {"type": "boolean"}, **properties}
         required.insert(0, "secure")
-    return {
+    schema: dict[str, Any] = {
         "type": "object",
         "properties": properties,
         "required": required,
         "additionalProperties": False,
     }
+    if defs:
+        schema["$defs"] = defs
+    return schema
 
 
 def correction(error: str, first_iteration: bool) -> str:
