@@ -391,3 +391,24 @@ async def test_scripted_llm_reads_a_generator_lazily_and_says_when_it_runs_out(s
     assert llm.remaining == 1 and (await agent.run("d")).response == "more"
     with pytest.raises(ScriptExhaustedError):
         await llm.generate([{"role": "user", "content": "x"}])
+
+
+async def test_raise_for_error_raises_the_original_error_by_type(store, db):
+    from cogency.errors import AuthenticationError, InvalidResponseError, LLMError
+
+    refused = AuthenticationError("the provider rejected the key: set OPENAI_API_KEY")
+    agent = Agent(llm=ScriptedLLM([refused, reply("fine"), "x", "y", "z"]), store=store,
+                  invalid_retries=2)
+    result = await agent.run("hello", user_id="u")
+    # The result is as it always was: a stop reason and a message, the task kept to resume.
+    assert result.stop_reason == "error" and result.error == str(refused)
+    assert [row[0] for row in workspace_rows(db)] == [result.task_id]
+    with pytest.raises(AuthenticationError) as caught:
+        result.raise_for_error()
+    assert caught.value is refused and isinstance(caught.value, LLMError)
+    done = await agent.resume(result.task_id, user_id="u")
+    assert done.raise_for_error() is done and done.response == "fine"
+    invalid = await agent.run("again", user_id="u")
+    assert invalid.stop_reason == "invalid_response"
+    with pytest.raises(InvalidResponseError, match="did not follow the JSON contract"):
+        invalid.raise_for_error()

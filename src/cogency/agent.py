@@ -20,7 +20,15 @@ from .context import (
     prompt_messages,
     system_prompt,
 )
-from .errors import ContextLengthError, LeaseLostError, LLMError, StoreLockedError, UsageError
+from .errors import (
+    CogencyError,
+    ContextLengthError,
+    InvalidResponseError,
+    LeaseLostError,
+    LLMError,
+    StoreLockedError,
+    UsageError,
+)
 from .events import (
     Action, Approval, End, Error, Event, Reason, Response, Result, Retry, Start, Token,
 )
@@ -66,6 +74,29 @@ class AgentResult:
     pending_approvals: list[dict[str, Any]] = field(default_factory=list)
     """With ``stop_reason="awaiting_approval"``: the calls waiting for a person, each a dict
     with ``id``, ``name`` and ``args``; decide them with ``resume(approvals=...)``."""
+    exception: CogencyError | None = field(default=None, repr=False, compare=False)
+    """With ``stop_reason`` ``"error"`` or ``"invalid_response"``: the error that ended the
+    run, as its own type (``error`` is its message)."""
+
+    def raise_for_error(self) -> AgentResult:
+        """Raise the error that ended the run, as its own type, if it ended in one; else
+        return this result (so ``result = (await agent.run(q)).raise_for_error()`` works).
+
+        A run that stopped with ``stop_reason="error"`` raises what stopped it
+        (:class:`~cogency.errors.AuthenticationError`, ``RateLimitError``,
+        ``LLMTimeoutError``, …: catch it by type); ``"invalid_response"`` raises
+        :class:`~cogency.errors.InvalidResponseError`. Every other stop reason is an outcome,
+        not an error, and returns: ``completed``, ``security`` (a refusal), ``max_iterations``,
+        ``no_progress``, ``repeated_calls``, ``cancelled``, ``awaiting_approval``. The task of
+        a run that raised stays resumable, as before.
+        """
+        if self.stop_reason in ("error", "invalid_response"):
+            if self.exception is not None:
+                raise self.exception
+            if self.stop_reason == "invalid_response":
+                raise InvalidResponseError(self.error or "the model's replies were invalid")
+            raise LLMError(self.error or "the run failed")
+        return self
 
 
 class Agent:
@@ -297,6 +328,7 @@ class Agent:
             self._check_fits(query, window, tools)
         state, resumed = await open_task(runner)
         ex, usage, error = state.execution, Usage(), None
+        failure: CogencyError | None = None  # the error that ends the run, as its own type
         task = state.task_id
         recorded: dict[str, list[dict[str, Any]]] = {}
         saving: asyncio.Future[None] | None = None
@@ -345,6 +377,8 @@ class Agent:
                 if step is None:
                     ex.stop_reason = "invalid_response"
                     error = "the model's replies did not follow the JSON contract"
+                    failure = InvalidResponseError(f"{error} after {1 + self.invalid_retries} "
+                                                   "tries")
                     break
                 state.workspace.update(step.workspace)
                 emit(Reason(task, ex.iteration, state.workspace.to_dict()))
@@ -394,7 +428,7 @@ class Agent:
                     break
                 await save()
         except LLMError as exc:
-            ex.stop_reason, error = "error", str(exc)
+            ex.stop_reason, error, failure = "error", str(exc), exc
             emit(Error(task, error, fatal=True))
         except asyncio.CancelledError:
             ex.stop_reason = "cancelled"
@@ -431,6 +465,7 @@ class Agent:
             error=error,
             security_assessment=state.security_assessment,
             pending_approvals=[{**call, "task_id": task} for call in waiting],
+            exception=failure,
         )
 
     async def _ask(
