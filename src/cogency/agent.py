@@ -46,11 +46,14 @@ from .tools.base import Tool, Toolset, hide_store_files
 
 _log = logging.getLogger(__name__)
 STOP_REASONS = (
-    "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
-    "cancelled", "awaiting_approval",
+    "completed", "security", "max_iterations", "no_progress", "repeated_calls",
+    "invalid_response", "error", "cancelled", "awaiting_approval",
 )
 NO_PROGRESS_LIMIT = 3
 """Consecutive steps with neither a response nor an action before the run stops."""
+REPEAT_LIMIT = 3
+"""Times one call (same tool, same arguments) may give the same result in a run: from the
+second, its result tells the model so; at this many the run stops (``repeated_calls``)."""
 REFUSAL = "I can't help with that request."
 CANCELLED_RESULT = {
     "ok": False, "cancelled": True,
@@ -403,6 +406,8 @@ class Agent:
                     results: list[dict[str, Any] | None] = [
                         next(ran) if old is None else old for old in replayed
                     ]
+                    # A call that gives the result it gave before says so to the model.
+                    repeats = _mark_repeats(ex.completed_calls, results, replayed)
                     ex.complete_tool_calls([r for r in results if r is not None])
                     for result, old in zip(results, replayed):
                         if result is None:
@@ -414,6 +419,12 @@ class Agent:
                     ex.iterations_without_tools = 0
                     if waiting:
                         ex.stop_reason = "awaiting_approval"
+                    elif repeats is not None and repeats["repeated"] >= REPEAT_LIMIT:
+                        ex.stop_reason = "repeated_calls"
+                        error = (f"the model called {_call_text(repeats)} "
+                                 f"{repeats['repeated']} times and got the same result each "
+                                 "time; stopped (resume to let it try again)")
+                        emit(Error(task, error))
                 elif step.response is not None:
                     ex.response = step.response
                     ex.stop_reason = "completed"
@@ -647,6 +658,41 @@ def _take_recorded(
 
 def _call_key(name: str, args: Any) -> str:
     return json.dumps([name, args], sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _mark_repeats(
+    earlier: Sequence[dict[str, Any]], results: Sequence[dict[str, Any] | None],
+    replayed: Sequence[dict[str, Any] | None],
+) -> dict[str, Any] | None:
+    """Mark each new result of this step that repeats, with the same outcome, a call made
+    before in this run: ``result["repeated"]`` counts the times (this one included), stored
+    with it and shown to the model beside it. Returns the most repeated result, if any."""
+    seen: dict[str, int] = {}
+    for result in earlier:
+        key = _outcome_key(result)
+        seen[key] = seen.get(key, 0) + 1
+    worst: dict[str, Any] | None = None
+    for result, old in zip(results, replayed):
+        if result is None or old is not None:
+            continue
+        key = _outcome_key(result)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] > 1:
+            result["repeated"] = seen[key]
+            if worst is None or seen[key] > worst["repeated"]:
+                worst = result
+    return worst
+
+
+def _outcome_key(result: dict[str, Any]) -> str:
+    outcome = result.get("output") if result.get("ok") else result.get("error")
+    return _call_key(result["name"], [result.get("args") or {}, bool(result.get("ok")),
+                                      outcome])
+
+
+def _call_text(result: dict[str, Any], limit: int = 200) -> str:
+    args = json.dumps(result.get("args") or {}, ensure_ascii=False, default=str)
+    return f"{result['name']}({args[:limit]}{'…' if len(args) > limit else ''})"
 
 
 def _is_toolset(value: Any) -> bool:
