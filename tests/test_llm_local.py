@@ -288,3 +288,30 @@ async def test_pydantic_typed_tools_work_under_the_grammar(model_path, store):
     at, when, span, size = got[0]
     assert set(at) == {"x", "y"} and isinstance(when, datetime.datetime)  # type: ignore[arg-type]
     assert isinstance(span, tuple) and len(span) == 2 and 1 <= size <= 9  # type: ignore[operator]
+
+
+async def test_a_plain_answer_that_stalls_keeps_its_whole_sentences(store, db):
+    """The small model's plain answer stops streaming (a time-out): the sentences it had
+    finished are the answer, stored; with none finished the error stands."""
+    pytest.importorskip("xllamacpp", reason="the 'local' extra is not installed")
+
+    class Stalling(LocalLLM):
+        def __init__(self, text: str) -> None:
+            super().__init__(max_retries=0)
+            self.text = text
+
+        async def start(self) -> None:  # no server: _attempt below is the reply
+            pass
+
+        async def _attempt(self, messages, schema, stream):
+            for word in self.text.split(" "):
+                yield word + " "
+            raise TimeoutError
+
+    done = await Agent(llm=Stalling("Roma is the capital of Italy. It is also"),
+                       store=store).run("Capital of Italy?")
+    assert done.stop_reason == "completed" and done.response == "Roma is the capital of Italy."
+    assert db.execute("SELECT content FROM conversation_messages WHERE role = 'assistant'"
+                      ).fetchall() == [("Roma is the capital of Italy.",)]
+    broken = await Agent(llm=Stalling("Il capital di"), store=store).run("Capitale?")
+    assert broken.stop_reason == "error" and "no complete reply within" in (broken.error or "")

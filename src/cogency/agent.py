@@ -504,6 +504,7 @@ class Agent:
                         first_iteration=first,
                         on_token=lambda text: emit(Token(task, text)),
                         on_invalid=lambda message: emit(Error(task, f"invalid reply: {message}")),
+                        on_note=lambda message: emit(Error(task, message)),
                         invalid_retries=self.invalid_retries,
                         llm_retries=self.llm_retries,
                         retry_delay=self.retry_delay,
@@ -668,8 +669,8 @@ def _mark_repeats(
     before in this run: ``result["repeated"]`` counts the times (this one included), stored
     with it and shown to the model beside it. Returns the most repeated result, if any."""
     seen: dict[str, int] = {}
-    for result in earlier:
-        key = _outcome_key(result)
+    for done in earlier:
+        key = _outcome_key(done)
         seen[key] = seen.get(key, 0) + 1
     worst: dict[str, Any] | None = None
     for result, old in zip(results, replayed):

