@@ -187,3 +187,22 @@ async def test_a_reply_cut_before_a_whole_answer_is_still_an_error(store, db, pa
     result = await Agent(llm=_Stalls([partial]), tools=[look], store=store).run("Capitale?")
     assert result.stop_reason == "error" and "no complete reply" in (result.error or "")
     assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (1,)  # resumable
+
+
+async def test_the_end_event_carries_the_runs_token_usage(store):
+    script = [reply(actions=[{"name": "echo", "args": {"text": "hi"}}]), reply("said hi")]
+
+    @tool
+    def echo(text: str) -> str:
+        """Say it back."""
+        return text
+
+    streamed = Agent(llm=ScriptedLLM(script, count_usage=True), tools=[echo], store=store)
+    events = [event async for event in streamed.stream("say hi", user_id="ada")]
+    ran = await Agent(llm=ScriptedLLM(script, count_usage=True), tools=[echo],
+                      store=store).run("say hi", user_id="bob")
+    end = events[-1]
+    assert end.type == "end" and end.usage == ran.usage
+    assert end.usage.calls == 2 and end.usage.input_tokens > 50 and end.usage.output_tokens > 5
+    assert end.to_dict()["usage"] == {"input_tokens": ran.usage.input_tokens,
+                                      "output_tokens": ran.usage.output_tokens, "calls": 2}

@@ -465,7 +465,7 @@ class Agent:
             self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
         for call in waiting:  # after the save above: each can be decided as soon as it is seen
             emit(Approval(task, call["id"], call["name"], call["args"]))
-        emit(End(task, ex.stop_reason or "error", ex.iteration))
+        emit(End(task, ex.stop_reason or "error", ex.iteration, usage))
         return AgentResult(
             response=ex.response,
             task_id=task,

@@ -177,7 +177,11 @@ def _add_server(commands: Commands) -> None:
 
 
 def _add_mcp(commands: Commands) -> None:
-    commands.add("mcp", "serve an agent over MCP (stdio) for the user", _mcp, "user", "agent")
+    mcp = commands.add("mcp", "serve an agent over MCP (stdio) for the user", _mcp, "user",
+                       "agent")
+    mcp.add_argument("--no-memory", action="store_true",
+                     help="do not learn the user's profile from the tasks it runs (learning is "
+                          "on by default, as for run and serve)")
 
 
 def _add_tasks(commands: Commands) -> None:
@@ -413,7 +417,7 @@ async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     try:
         root = Path(args.root or ".").resolve()
         async with _agent(args, store, args.llm, args.tools, root, args.mcp,
-                          memory=False) as agent:
+                          memory=not args.no_memory) as agent:
             await serve_stdio(agent, args.user)
     finally:
         await store.close()
