@@ -64,7 +64,12 @@ class _SlowModel(ScriptedLLM):
 
     async def start(self) -> None:
         if not self.loaded:  # like the offline model: slow once, then ready
-            await asyncio.sleep(1.0)
+            gate = os.environ.get("COGENCY_TEST_LOAD_GATE")
+            if gate:  # loaded once the test says so (the test sees "loading…" first)
+                while not os.path.exists(gate):
+                    await asyncio.sleep(0.02)
+            else:
+                await asyncio.sleep(1.0)
             self.loaded = True
 
 
