@@ -10,7 +10,7 @@ import shutil
 import subprocess
 
 import pytest
-from cli_run import COMMAND, Cli, rows, step
+from cli_run import Cli, rows, step
 from conftest import IN_CI
 
 

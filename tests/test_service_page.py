@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -134,16 +135,25 @@ def test_use_key_checks_the_key_with_the_server(browser_page):
     expect(page.locator("#who")).to_have_text("signed in as alice")
 
 
-def test_conversations_are_listed_and_a_reload_loses_nothing(browser):
-    chromium, server, _, db, _ = browser
-    key = server.keys["page-bob"]
-    context = chromium.new_context()
+@contextlib.contextmanager
+def signed_in(browser, user, **options):
+    """A page of its own browser context, with ``user``'s key set (made by the fixture)."""
+    chromium, server = browser[0], browser[1]
+    context = chromium.new_context(**options)
     page = context.new_page()
     page.set_default_timeout(20_000)
     try:
         page.goto(server.url + "/")
-        page.fill("#key", key)
+        page.fill("#key", server.keys[user])
         page.click("#save-key")
+        yield page
+    finally:
+        context.close()
+
+
+def test_conversations_are_listed_and_a_reload_loses_nothing(browser):
+    db = browser[3]
+    with signed_in(browser, "page-bob") as page:
         expect(page.locator("#conversations")).to_contain_text("none yet")
         for query, answer in [("first words", "echo: first words"),
                               ("tool look", "listed: tool look")]:
@@ -171,26 +181,18 @@ def test_conversations_are_listed_and_a_reload_loses_nothing(browser):
         page.fill("#query", "more")
         page.click("#send")
         expect(page.locator(".msg.assistant").last).to_have_text("echo: more")
-        rows = sqlite3.connect(db).execute(
-            "SELECT c.conversation_id, COUNT(m.seq) FROM conversations c JOIN "
-            "conversation_messages m USING (conversation_id) WHERE c.user_id = 'page-bob' "
-            "AND m.role = 'user' GROUP BY c.conversation_id ORDER BY COUNT(m.seq)").fetchall()
+        with contextlib.closing(sqlite3.connect(db)) as connection:
+            rows = connection.execute(
+                "SELECT c.conversation_id, COUNT(m.seq) FROM conversations c JOIN "
+                "conversation_messages m USING (conversation_id) WHERE c.user_id = 'page-bob' "
+                "AND m.role = 'user' GROUP BY c.conversation_id ORDER BY COUNT(m.seq)"
+            ).fetchall()
         assert [count for _, count in rows] == [1, 4]
-    finally:
-        context.close()
 
 
 def test_the_page_is_usable_390_px_wide(browser):
-    chromium, server, _, db, _ = browser
-    key = server.keys["page-phone"]
-    context = chromium.new_context(viewport={"width": 390, "height": 844}, is_mobile=True,
-                                   has_touch=True)
-    page = context.new_page()
-    page.set_default_timeout(20_000)
-    try:
-        page.goto(server.url + "/")
-        page.fill("#key", key)
-        page.click("#save-key")
+    with signed_in(browser, "page-phone", viewport={"width": 390, "height": 844},
+                   is_mobile=True, has_touch=True) as page:
         page.fill("#query", "a long answer " + "word " * 80 + "x" * 300)
         page.click("#send")
         expect(page.locator(".msg.assistant").last).to_contain_text("echo: a long answer")
@@ -199,8 +201,6 @@ def test_the_page_is_usable_390_px_wide(browser):
                          ".msg.assistant"):
             box = page.locator(selector).last.bounding_box()
             assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, (selector, box)
-    finally:
-        context.close()
 
 
 def test_docs_and_favicon_work_without_internet(browser):
