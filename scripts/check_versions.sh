@@ -61,8 +61,13 @@ EOF
 # Where each range matters, quickly: the core (Pydantic in @tool, tiktoken, regex) in process;
 # each SDK against a local server speaking its wire format; the service; the MCP server once.
 core_smoke=(tests/test_agent_loop.py tests/test_tools_decorator.py tests/test_tools_typed.py)
+pg=tests/test_postgres_store.py
 extras_smoke=(tests/test_llm_openai.py tests/test_llm_anthropic.py tests/test_llm_gemini.py
-              tests/test_postgres_store.py tests/test_service_app.py
+              "$pg::test_a_missing_database_says_to_create_it"
+              "$pg::test_concurrent_first_opens_migrate_once"
+              "$pg::test_a_task_is_held_by_one_store_until_released_or_closed"
+              "$pg::test_a_connection_dropped_mid_save_is_rolled_back_and_retried"
+              tests/test_service_app.py
               tests/test_mcp_server.py::test_an_agent_served_over_mcp_remembers_the_conversation)
 
 for end in "${ends[@]}"; do
