@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -332,6 +333,7 @@ class Agent:
         state, resumed = await open_task(runner)
         ex, usage, error = state.execution, Usage(), None
         failure: CogencyError | None = None  # the error that ends the run, as its own type
+        outcomes: dict[bytes, int] = {}  # each call's outcomes in this run, for _mark_repeats
         task = state.task_id
         recorded: dict[str, list[dict[str, Any]]] = {}
         saving: asyncio.Future[None] | None = None
@@ -407,7 +409,7 @@ class Agent:
                         next(ran) if old is None else old for old in replayed
                     ]
                     # A call that gives the result it gave before says so to the model.
-                    repeats = _mark_repeats(ex.completed_calls, results, replayed)
+                    repeats = _mark_repeats(outcomes, results, replayed)
                     ex.complete_tool_calls([r for r in results if r is not None])
                     for result, old in zip(results, replayed):
                         if result is None:
@@ -662,33 +664,30 @@ def _call_key(name: str, args: Any) -> str:
 
 
 def _mark_repeats(
-    earlier: Sequence[dict[str, Any]], results: Sequence[dict[str, Any] | None],
+    outcomes: dict[bytes, int], results: Sequence[dict[str, Any] | None],
     replayed: Sequence[dict[str, Any] | None],
 ) -> dict[str, Any] | None:
-    """Mark each new result of this step that repeats, with the same outcome, a call made
-    before in this run: ``result["repeated"]`` counts the times (this one included), stored
-    with it and shown to the model beside it. Returns the most repeated result, if any."""
-    seen: dict[str, int] = {}
-    for done in earlier:
-        key = _outcome_key(done)
-        seen[key] = seen.get(key, 0) + 1
+    """Count this step's results in ``outcomes`` (the run's, by call and outcome) and mark each
+    new one that repeats an earlier call's outcome: ``result["repeated"]`` counts the times
+    (this one included), stored with it and shown to the model beside it. Returns the most
+    repeated result of the step, if any."""
     worst: dict[str, Any] | None = None
     for result, old in zip(results, replayed):
-        if result is None or old is not None:
-            continue
+        if result is None:
+            continue  # it waits for a person: no outcome yet
         key = _outcome_key(result)
-        seen[key] = seen.get(key, 0) + 1
-        if seen[key] > 1:
-            result["repeated"] = seen[key]
-            if worst is None or seen[key] > worst["repeated"]:
+        outcomes[key] = times = outcomes.get(key, 0) + 1
+        if old is None and times > 1:
+            result["repeated"] = times
+            if worst is None or times > worst["repeated"]:
                 worst = result
     return worst
 
 
-def _outcome_key(result: dict[str, Any]) -> str:
+def _outcome_key(result: dict[str, Any]) -> bytes:
     outcome = result.get("output") if result.get("ok") else result.get("error")
-    return _call_key(result["name"], [result.get("args") or {}, bool(result.get("ok")),
-                                      outcome])
+    text = _call_key(result["name"], [result.get("args") or {}, bool(result.get("ok")), outcome])
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _call_text(result: dict[str, Any], limit: int = 200) -> str:
