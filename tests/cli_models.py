@@ -19,12 +19,29 @@ async def _hang(messages):
     await asyncio.Event().wait()
 
 
+def _gated(path: str, reply: object):
+    async def wait(messages):
+        while not os.path.exists(path):
+            await asyncio.sleep(0.02)
+        return reply
+
+    return wait
+
+
 def scripted() -> ScriptedLLM:
+    """The script; ``{"<gate>": PATH, "reply": R}`` answers R once the file PATH exists."""
     with open(os.environ["COGENCY_TEST_SCRIPT"], encoding="utf-8") as source:
         script = json.load(source)
     special = {"<hang>": _hang, "<rate-limit>": RateLimitError("HTTP 429: slow down")}
-    return ScriptedLLM([special.get(item, item) if isinstance(item, str) else item
-                        for item in script])
+    if os.environ.get("COGENCY_TEST_STARTED"):  # making the model leaves this file behind
+        with open(os.environ["COGENCY_TEST_STARTED"], "w"):
+            pass
+    return ScriptedLLM([
+        special.get(item, item) if isinstance(item, str)
+        else _gated(item["<gate>"], item["reply"]) if isinstance(item, dict) and "<gate>" in item
+        else item
+        for item in script
+    ])
 
 
 def bad_key() -> ScriptedLLM:
@@ -47,7 +64,12 @@ class _SlowModel(ScriptedLLM):
 
     async def start(self) -> None:
         if not self.loaded:  # like the offline model: slow once, then ready
-            await asyncio.sleep(1.0)
+            gate = os.environ.get("COGENCY_TEST_LOAD_GATE")
+            if gate:  # loaded once the test says so (the test sees "loading…" first)
+                while not os.path.exists(gate):
+                    await asyncio.sleep(0.02)
+            else:
+                await asyncio.sleep(1.0)
             self.loaded = True
 
 

@@ -391,3 +391,56 @@ async def test_scripted_llm_reads_a_generator_lazily_and_says_when_it_runs_out(s
     assert llm.remaining == 1 and (await agent.run("d")).response == "more"
     with pytest.raises(ScriptExhaustedError):
         await llm.generate([{"role": "user", "content": "x"}])
+
+
+async def test_raise_for_error_raises_the_original_error_by_type(store, db):
+    from cogency.errors import AuthenticationError, InvalidResponseError, LLMError
+
+    refused = AuthenticationError("the provider rejected the key: set OPENAI_API_KEY")
+    agent = Agent(llm=ScriptedLLM([refused, reply("fine"), "x", "y", "z"]), store=store,
+                  invalid_retries=2)
+    result = await agent.run("hello", user_id="u")
+    # The result is as it always was: a stop reason and a message, the task kept to resume.
+    assert result.stop_reason == "error" and result.error == str(refused)
+    assert [row[0] for row in workspace_rows(db)] == [result.task_id]
+    with pytest.raises(AuthenticationError) as caught:
+        result.raise_for_error()
+    assert caught.value is refused and isinstance(caught.value, LLMError)
+    done = await agent.resume(result.task_id, user_id="u")
+    assert done.raise_for_error() is done and done.response == "fine"
+    invalid = await agent.run("again", user_id="u")
+    assert invalid.stop_reason == "invalid_response"
+    with pytest.raises(InvalidResponseError, match="did not follow the JSON contract"):
+        invalid.raise_for_error()
+
+
+async def test_a_repeated_call_is_pointed_out_then_stops_the_run(store, db):
+    from cogency.agent import REPEAT_LIMIT, STOP_REASONS
+
+    ticks = iter(range(100))
+
+    @tool
+    def clock() -> int:
+        """A reading that changes at every call."""
+        return next(ticks)
+
+    same = reply(actions=[call("weather", city="Paris")])
+    llm = ScriptedLLM([reply(actions=[call("clock")]), reply(actions=[call("clock")]),
+                       same, same, same, reply("never asked")])
+    agent = Agent(llm=llm, tools=[weather, clock], store=store)
+    events = [event async for event in agent.stream("weather?", user_id="u")]
+    end = events[-1]
+    assert "repeated_calls" in STOP_REASONS and REPEAT_LIMIT == 3
+    assert end.stop_reason == "repeated_calls" and end.iterations == 5 and len(llm.calls) == 5
+    # A call whose result changed is not a repeat; the second identical result says so.
+    assert "NOTE" not in llm.calls[2][-1]["content"]  # clock's second reading
+    assert "NOTE" not in llm.calls[3][-1]["content"]  # the first weather call
+    assert ("NOTE: you made this exact call 2 times in this task and got this same result"
+            in llm.calls[4][-1]["content"])
+    [warning] = [event for event in events if event.type == "error"]
+    assert not warning.fatal and warning.message.startswith(
+        'the model called weather({"city": "Paris"}) 3 times and got the same result')
+    stored = [json.loads(c) for r, c in messages(db, events[0].conversation_id) if r == "tool"]
+    assert [s.get("repeated") for s in stored] == [None, None, None, 2, 3]
+    [(task_id, _, runner)] = workspace_rows(db)  # kept, to resume
+    assert task_id == end.task_id and runner is None

@@ -139,3 +139,70 @@ async def test_history_is_stored_before_the_query_and_reaches_the_model(store, d
         async for _ in agent.stream("q", "ada", history=[("system", "obey")]):
             pass
     assert db.execute("SELECT count(*) FROM conversation_messages").fetchone() == (4,)
+
+
+class _Stalls(ScriptedLLM):
+    """Streams each scripted text in pieces, then fails as a stream that stalled does (the
+    provider adapters raise LLMTimeoutError, retried, once part of a reply was shown)."""
+
+    async def stream(self, messages, *, schema=None):
+        from cogency.errors import LLMTimeoutError
+
+        completion = await self.generate(messages, schema=schema)
+        for start in range(0, len(completion.text), 7):
+            yield completion.text[start:start + 7]
+        error = LLMTimeoutError("local: no complete reply within 120 s (after part of the "
+                                "reply was shown)")
+        error.retried = True
+        raise error
+
+
+async def test_an_answer_already_streamed_survives_a_later_time_out(store, db):
+    llm = _Stalls(['{"secure": true, "objective": "capital", "response": "Il capital di Italy '
+                   'è Roma", "actions": [  '])
+    events = [event async for event in Agent(llm=llm, store=store).stream("Capitale?")]
+    end = events[-1]
+    assert end.stop_reason == "completed"
+    [answer] = [event.text for event in events if event.type == "response"]
+    assert answer == "Il capital di Italy è Roma"
+    notes = [event for event in events if event.type == "error"]
+    assert len(notes) == 1 and not notes[0].fatal and "after its answer was complete" in \
+        notes[0].message and "LLMTimeoutError" in notes[0].message
+    stored = db.execute("SELECT role, content FROM conversation_messages ORDER BY seq").fetchall()
+    assert stored == [("user", "Capitale?"), ("assistant", "Il capital di Italy è Roma")]
+    assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (0,)  # completed
+
+
+@pytest.mark.parametrize("partial", [
+    '{"secure": true, "response": "Il capital di It',                  # the answer not closed
+    '{"response": null, "actions": [{"name": "look", "args": {"q": "x',  # a call begun
+    '{"response": "Roma", "actions": [{"name": "look", "args": {}}',    # a call made
+])
+async def test_a_reply_cut_before_a_whole_answer_is_still_an_error(store, db, partial):
+    @tool
+    def look(q: str = "") -> str:
+        """Look something up."""
+        return q
+
+    result = await Agent(llm=_Stalls([partial]), tools=[look], store=store).run("Capitale?")
+    assert result.stop_reason == "error" and "no complete reply" in (result.error or "")
+    assert db.execute("SELECT COUNT(*) FROM task_workspaces").fetchone() == (1,)  # resumable
+
+
+async def test_the_end_event_carries_the_runs_token_usage(store):
+    script = [reply(actions=[{"name": "echo", "args": {"text": "hi"}}]), reply("said hi")]
+
+    @tool
+    def echo(text: str) -> str:
+        """Say it back."""
+        return text
+
+    streamed = Agent(llm=ScriptedLLM(script, count_usage=True), tools=[echo], store=store)
+    events = [event async for event in streamed.stream("say hi", user_id="ada")]
+    ran = await Agent(llm=ScriptedLLM(script, count_usage=True), tools=[echo],
+                      store=store).run("say hi", user_id="bob")
+    end = events[-1]
+    assert end.type == "end" and end.usage == ran.usage
+    assert end.usage.calls == 2 and end.usage.input_tokens > 50 and end.usage.output_tokens > 5
+    assert end.to_dict()["usage"] == {"input_tokens": ran.usage.input_tokens,
+                                      "output_tokens": ran.usage.output_tokens, "calls": 2}

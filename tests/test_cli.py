@@ -130,6 +130,9 @@ def test_ctrl_c_exits_130_and_leaves_the_task_resumable(tmp_path, db_path):
         [*COMMAND, "run", "a long task", "--json", "--db",
          str(db_path), "--llm", "cli_models:scripted"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        # As a terminal starts it: Ctrl-C's default disposition, whatever this test's parent
+        # had (a process started with SIGINT ignored rightly keeps ignoring it).
+        preexec_fn=_sigint_default,
     )
     try:
         start = json.loads(process.stdout.readline())  # the run has begun
@@ -147,6 +150,10 @@ def test_ctrl_c_exits_130_and_leaves_the_task_resumable(tmp_path, db_path):
     assert f"resume with: cogency resume {start['task_id']}" in err
     assert rows(db_path, "SELECT task_id, runner FROM task_workspaces") == [
         (start["task_id"], None)]  # saved, and released so it can be resumed at once
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_a_query_too_long_for_the_window_is_a_clear_error(cli, db_path):

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 from cli_run import TESTS, Cli, learned, rows, step
@@ -155,16 +156,42 @@ def test_the_query_comes_from_stdin(cli, db_path):
     assert rows(db_path, "SELECT COUNT(*) FROM conversation_messages WHERE role = 'user'") == [(2,)]
 
 
-def test_model_loading_and_waits_are_shown_as_they_happen(cli):
-    done = cli("run", "hi", "--wait-notice", "0.4", llm="cli_models:slow",
-               script=[step(response="late but here")], COGENCY_TEST_DELAY="1.5")
-    assert done.returncode == 0, done.stderr
-    lines = done.stderr.splitlines()
-    assert lines[0] == "loading the model (slow-test-model)…"
-    assert lines[1].startswith("model loaded in ")
+def test_model_loading_and_waits_are_shown_as_they_happen(cli, tmp_path):
+    """Driven by gates, not by sleeps: the model loads when the test has seen "loading…",
+    and answers once the test has seen two "still waiting" notices; only bounds that any
+    delay keeps true are checked (each notice needs --wait-notice seconds of silence)."""
+    load_gate, reply_gate = tmp_path / "loaded", tmp_path / "answer"
+    began = time.monotonic()
+    process = subprocess.Popen(
+        cli.argv(("run", "hi", "--wait-notice", "0.4"), "cli_models:slow", False, True),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, env=cli.env([{"<gate>": str(reply_gate),
+                                    "reply": step(response="late but here")}],
+                                  COGENCY_TEST_DELAY="0", COGENCY_TEST_LOAD_GATE=str(load_gate)),
+    )
+    lines: list[str] = []
+    try:
+        def next_line() -> str:
+            line = process.stderr.readline()
+            assert line, f"the command ended early: {lines}"
+            lines.append(line.rstrip("\n"))
+            return lines[-1]
+
+        assert next_line() == "loading the model (slow-test-model)…"
+        load_gate.touch()
+        assert next_line().startswith("model loaded in ")
+        while sum(line.startswith("… still waiting for the model") for line in lines) < 2:
+            next_line()
+        quiet = time.monotonic() - began  # at least as long as the silence so far
+        reply_gate.touch()
+        out, rest = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, lines + rest.splitlines()
     waits = [line for line in lines if line.startswith("… still waiting for the model")]
-    assert 2 <= len(waits) <= 4, done.stderr  # one per 0.4 s of silence, not one per poll
-    assert "late but here" in done.stdout
+    assert len(waits) <= quiet / 0.4 + 1, waits  # one per 0.4 s of silence, not one per poll
+    assert "late but here" in out
 
 
 def test_retries_are_shown_as_they_happen(cli):

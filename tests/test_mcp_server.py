@@ -21,13 +21,14 @@ def step(response, actions=()):
             "discoveries": "", "response": response, "actions": list(actions)}
 
 
-def cogency_mcp(tmp_path, db_path, script, *extra):
-    """``cogency mcp`` as an MCP host starts it, its model replaying ``script``."""
+def cogency_mcp(tmp_path, db_path, script, *extra, memory=False):
+    """``cogency mcp`` as an MCP host starts it, its model replaying ``script`` (and not
+    learning, unless ``memory``: learning would take replies of the script)."""
     (tmp_path / "script.json").write_text(json.dumps(script))
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "cogency.cli", "mcp", "--db", str(db_path), "--llm", "cli_models:scripted",
-              "--user", "alice", *extra],
+              "--user", "alice", *extra, *([] if memory else ["--no-memory"])],
         env={"COGENCY_TEST_SCRIPT": str(tmp_path / "script.json"),
              "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
         cwd=str(tmp_path),
@@ -91,3 +92,34 @@ async def test_calls_that_need_approval_are_decided_by_the_mcp_host(tmp_path, db
     (result,) = db.execute("SELECT content FROM conversation_messages WHERE role = 'tool'"
                            ).fetchone()
     assert json.loads(result)["ok"] is True
+
+
+async def test_ask_refuses_a_conversation_the_user_does_not_have(tmp_path, db_path, db):
+    server = cogency_mcp(tmp_path, db_path, [step("Hello.")])
+    async with Client(server, read_timeout_seconds=60) as client:
+        refused = await client.call_tool("ask", {"query": "Go on.",
+                                                 "conversation_id": "no-such-conversation"})
+        assert refused.is_error
+        assert ("NotFoundError: no conversation 'no-such-conversation' for this user; pass a "
+                "conversation_id that ask returned, or leave it out" in refused.content[0].text)
+        fine = await client.call_tool("ask", {"query": "Hi."})  # the script was not used up
+        assert fine.structured_content["answer"] == "Hello."
+    assert db.execute("SELECT conversation_id FROM conversations").fetchall() == [
+        (fine.structured_content["conversation_id"],)]
+
+
+async def test_mcp_learns_the_profile_unless_told_not_to(tmp_path, db_path, db):
+    learned = {"preferences": [], "goals": [], "expertise": [], "communication_style": "",
+               "project_context": [], "interests": ["chess"], "constraints": [],
+               "success_pattern": "", "failure_pattern": ""}
+    quiet = cogency_mcp(tmp_path, db_path, [step("Noted."), learned])
+    async with Client(quiet, read_timeout_seconds=60) as client:
+        await client.call_tool("ask", {"query": "I play chess."})
+    profile = db.execute("SELECT profile_data FROM user_profiles").fetchone()[0]
+    assert "chess" not in profile  # --no-memory learned nothing
+    taught = cogency_mcp(tmp_path, db_path, [step("Noted."), learned], memory=True)
+    async with Client(taught, read_timeout_seconds=60) as client:
+        await client.call_tool("ask", {"query": "I play chess."})
+    # The server's shutdown waits for the learning it started (Agent.close).
+    profile = json.loads(db.execute("SELECT profile_data FROM user_profiles").fetchone()[0])
+    assert profile["interests"] == ["chess"]

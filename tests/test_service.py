@@ -90,7 +90,10 @@ def test_sse_carries_the_events_of_agent_stream(service):
             return [e.to_dict() async for e in a.stream("tool please", user_id="alice")]
 
     expected = asyncio.run(direct())
-    strip = {"task_id", "conversation_id"}
+    # Tokens depend on each agent's prompt (its root, what it knows of alice): compared apart.
+    assert events[-1]["usage"]["calls"] == expected[-1]["usage"]["calls"] == 2
+    assert events[-1]["usage"]["input_tokens"] > 0
+    strip = {"task_id", "conversation_id", "usage"}
     assert [{k: v for k, v in e.items() if k not in strip} for e in events] == \
         [{k: v for k, v in e.items() if k not in strip} for e in expected]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -29,7 +30,9 @@ def browser(tmp_path_factory):
     (root / "notes.txt").write_text("hi\n")
     db = str(tmp / "page.db")
     key = create_key(db, "alice")
+    others = {user: create_key(db, user) for user in ("page-bob", "page-phone")}
     server = Server(db, tmp, "--tools", "files", "--root", str(root))
+    server.keys = others  # type: ignore[attr-defined]  # made before Playwright's loop runs
     try:
         with sync_playwright() as playwright:
             chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
@@ -118,3 +121,111 @@ def test_a_wrong_key_is_said_plainly(browser_page):
     page.fill("#query", "hello")
     page.click("#send")
     expect(page.locator(".step.error").last).to_contain_text("not valid")
+
+
+def test_use_key_checks_the_key_with_the_server(browser_page):
+    page, key = browser_page[0], browser_page[1]
+    page.fill("#key", "cog_not_a_key")
+    page.click("#save-key")
+    expect(page.locator("#who")).to_contain_text("key not accepted")
+    expect(page.locator("#who")).to_have_class("bad")
+    assert page.evaluate("sessionStorage.getItem('cogency.key')") is None
+    page.fill("#key", key)
+    page.click("#save-key")
+    expect(page.locator("#who")).to_have_text("signed in as alice")
+
+
+@contextlib.contextmanager
+def signed_in(browser, user, **options):
+    """A page of its own browser context, with ``user``'s key set (made by the fixture)."""
+    chromium, server = browser[0], browser[1]
+    context = chromium.new_context(**options)
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    try:
+        page.goto(server.url + "/")
+        page.fill("#key", server.keys[user])
+        page.click("#save-key")
+        yield page
+    finally:
+        context.close()
+
+
+def test_conversations_are_listed_and_a_reload_loses_nothing(browser):
+    db = browser[3]
+    with signed_in(browser, "page-bob") as page:
+        expect(page.locator("#conversations")).to_contain_text("none yet")
+        for query, answer in [("first words", "echo: first words"),
+                              ("tool look", "listed: tool look")]:
+            page.fill("#query", query)
+            page.click("#send")
+            expect(page.locator(".msg.assistant").last).to_have_text(answer)
+        expect(page.locator("#conversations button")).to_have_count(1)
+        page.reload()  # what was shown comes back from the server
+        expect(page.locator("#who")).to_have_text("signed in as page-bob")
+        expect(page.locator(".msg.user")).to_have_text(["first words", "tool look"])
+        expect(page.locator(".msg.assistant")).to_have_text(
+            ["echo: first words", "listed: tool look"])
+        expect(page.locator(".step.action")).to_contain_text(["file_list"])
+        expect(page.locator("#conversations button.current")).to_have_count(1)
+        page.fill("#query", "recall")  # and the conversation goes on
+        page.click("#send")
+        expect(page.locator(".msg.assistant").last).to_have_text("you said: first words")
+        page.click("#new-chat")
+        page.fill("#query", "another")
+        page.click("#send")
+        expect(page.locator(".msg.assistant").last).to_have_text("echo: another")
+        expect(page.locator("#conversations button")).to_have_count(2)
+        page.locator("#conversations button").last.click()  # the older one, opened again
+        expect(page.locator(".msg.user").first).to_have_text("first words")
+        page.fill("#query", "more")
+        page.click("#send")
+        expect(page.locator(".msg.assistant").last).to_have_text("echo: more")
+        with contextlib.closing(sqlite3.connect(db)) as connection:
+            rows = connection.execute(
+                "SELECT c.conversation_id, COUNT(m.seq) FROM conversations c JOIN "
+                "conversation_messages m USING (conversation_id) WHERE c.user_id = 'page-bob' "
+                "AND m.role = 'user' GROUP BY c.conversation_id ORDER BY COUNT(m.seq)"
+            ).fetchall()
+        assert [count for _, count in rows] == [1, 4]
+
+
+def test_the_page_is_usable_390_px_wide(browser):
+    with signed_in(browser, "page-phone", viewport={"width": 390, "height": 844},
+                   is_mobile=True, has_touch=True) as page:
+        page.fill("#query", "a long answer " + "word " * 80 + "x" * 300)
+        page.click("#send")
+        expect(page.locator(".msg.assistant").last).to_contain_text("echo: a long answer")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        for selector in ("#key", "#save-key", "#query", "#send", "#new-chat", "#forget",
+                         ".msg.assistant"):
+            box = page.locator(selector).last.bounding_box()
+            assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, (selector, box)
+
+
+def test_docs_and_favicon_work_without_internet(browser):
+    chromium, server = browser[0], browser[1]
+    context = chromium.new_context()
+    outside: list[str] = []
+
+    def only_the_server(route):
+        if route.request.url.startswith(server.url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_the_server)
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    try:
+        page.goto(server.url + "/docs")
+        expect(page.locator(".opblock").first).to_be_visible()
+        expect(page.locator("#swagger-ui")).to_contain_text("/api/runs")
+        assert outside == []
+        icon = page.request.get(server.url + "/favicon.ico")
+        assert icon.status == 200 and icon.headers["content-type"] == "image/x-icon"
+        assert icon.body()[:4] == b"\x00\x00\x01\x00"
+        assert page.request.get(server.url + "/docs/swagger-ui/..%2Fapp.js").status == 404
+    finally:
+        context.close()

@@ -320,6 +320,7 @@ async def test_cogency_db_overrides_the_default(tmp_path, monkeypatch):
 
 async def test_open_store_url_forms(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()  # a store makes its file, not a missing directory
     relative = open_store("sqlite:///sub/rel.db")
     absolute = open_store(f"sqlite:///{tmp_path}/abs.db")  # sqlite:////tmp/... : four slashes
     plain = open_store(tmp_path / "plain.db")
@@ -349,8 +350,12 @@ async def test_open_store_url_forms(tmp_path, monkeypatch):
 async def test_a_path_that_cannot_be_created_is_a_storage_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    store = SQLiteStore(blocker / "sub" / "cogency.db")
+    store = SQLiteStore(blocker / "sub" / "cogency.db", create_dirs=True)
     with pytest.raises(StorageError, match="COGENCY_DB"):
+        await State.start_task("q", "alice", store=store)
+    await store.close()
+    store = SQLiteStore(blocker / "sub" / "cogency.db")  # missing directories are not made
+    with pytest.raises(StorageError, match="there is no directory .*create it first"):
         await State.start_task("q", "alice", store=store)
     await store.close()
 

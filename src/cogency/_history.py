@@ -28,6 +28,13 @@ TOOL_FRAME_TOKENS = 16
 MESSAGE_TOKENS = 8
 """What each chat message costs beyond its content (role, separators)."""
 TOOL_FOOTER = "\n</tool_output>"
+REPEATED_NOTE = (
+    "NOTE: you made this exact call {times} times in this task and got this same result each "
+    "time; making it again will not change it. Use this result, call another tool or other "
+    "arguments, or give your response.\n"
+)
+"""Said beside a result that repeats a call's earlier result (the agent stops a run at
+``REPEAT_LIMIT``)."""
 
 
 class History(list[dict[str, Any]]):
@@ -180,8 +187,10 @@ def tool_parts(content: str) -> tuple[str, str]:
     status = "ok" if result.get("ok") else "error"
     body = result.get("output", "") if result.get("ok") else result.get("error", "")
     args = json.dumps(result.get("args", {}), ensure_ascii=False)
+    repeated = result.get("repeated")
+    note = REPEATED_NOTE.format(times=repeated) if type(repeated) is int and repeated > 1 else ""
     header = (
         f"TOOL RESULT {fence(str(result.get('name')))}({fence(args)}) [{status}] "
-        f"({TOOL_DATA_NOTE}):\n<tool_output>\n"
+        f"({TOOL_DATA_NOTE}):\n{note}<tool_output>\n"
     )
     return header, str(body)

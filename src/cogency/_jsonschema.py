@@ -216,30 +216,59 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:60] + "…"
 
 
-def type_name(spec: Any) -> str:
-    """A schema in a few words for a prompt or a message: ``list[integer] | null``, at most
-    200 characters however large the schema."""
-    text = _name(spec, 0)
+def type_name(spec: Any, defs: Any = None) -> str:
+    """A schema in a few words for a prompt or a message: ``list[integer] | null``,
+    ``"a" | "b"``, ``Point{x: integer, y: integer = optional}`` (named types from ``defs``, to a
+    few levels); at most 200 characters however large the schema."""
+    text = _name(spec, defs, 0)
     return text if len(text) <= 200 else text[:199] + "…"
 
 
-def _name(spec: Any, level: int) -> str:
+_NAME_DEPTH = 3
+_NAME_ITEMS = 12
+"""How deep and how wide :func:`type_name` describes a type (a hostile schema stays short)."""
+
+
+def _name(spec: Any, defs: Any, depth: int) -> str:
     if not isinstance(spec, dict):
         return "any"
-    if level > 3:
+    if depth > _NAME_DEPTH:
         return "…"
-    if "enum" in spec and isinstance(spec["enum"], list):
-        shown = " | ".join(_show(v) for v in spec["enum"][:20])
-        return shown + (" | …" if len(spec["enum"]) > 20 else "")
+    ref = spec.get("$ref")
+    if isinstance(ref, str):
+        name = ref.rsplit("/", 1)[-1]
+        target = defs.get(name) if isinstance(defs, dict) else None
+        if isinstance(target, dict) and depth < _NAME_DEPTH and "$ref" not in target:
+            shown = _name(target, defs, depth + 1)
+            return f"{name}{shown}" if shown.startswith("{") else shown
+        return name
     if "const" in spec:
         return _show(spec["const"])
-    if isinstance(spec.get("anyOf"), list):
-        shown = " | ".join(_name(s, level + 1) for s in spec["anyOf"][:8])
-        return shown + (" | …" if len(spec["anyOf"]) > 8 else "")
-    if spec.get("type") == "array" and isinstance(spec.get("items"), dict):
-        return f"list[{_name(spec['items'], level + 1)}]"
-    kind = spec.get("type", "any")
-    return "/".join(map(str, kind)) if isinstance(kind, list) else str(kind)
+    if isinstance(spec.get("enum"), list):
+        shown = " | ".join(_show(v) for v in spec["enum"][:_NAME_ITEMS])
+        return shown + (" | …" if len(spec["enum"]) > _NAME_ITEMS else "")
+    options = spec.get("anyOf", spec.get("oneOf"))
+    if isinstance(options, list):
+        shown = " | ".join(_name(s, defs, depth + 1) for s in options[:_NAME_ITEMS])
+        return shown + (" | …" if len(options) > _NAME_ITEMS else "")
+    kind = spec.get("type")
+    if kind == "array" and isinstance(spec.get("prefixItems"), list):
+        return "[" + ", ".join(_name(s, defs, depth + 1)
+                               for s in spec["prefixItems"][:_NAME_ITEMS]) + "]"
+    if kind == "array" and isinstance(spec.get("items"), dict):
+        return f"list[{_name(spec['items'], defs, depth + 1)}]"
+    props = spec.get("properties")
+    if kind == "object" and isinstance(props, dict) and props and depth < _NAME_DEPTH:
+        required = spec.get("required") or []
+        fields = [f"{key}: {_name(value, defs, depth + 1)}"
+                  f"{'' if key in required else ' = optional'}"
+                  for key, value in list(props.items())[:_NAME_ITEMS]]
+        return "{" + ", ".join(fields) + (", …" if len(props) > _NAME_ITEMS else "") + "}"
+    if isinstance(kind, list):
+        return " | ".join(map(str, kind))
+    if isinstance(spec.get("format"), str) and kind == "string":
+        return f"string ({spec['format']})"
+    return str(kind or "any")
 
 
 def describe(value: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -22,7 +23,15 @@ from .context import (
     prompt_messages,
     system_prompt,
 )
-from .errors import ContextLengthError, LeaseLostError, LLMError, StoreLockedError, UsageError
+from .errors import (
+    CogencyError,
+    ContextLengthError,
+    InvalidResponseError,
+    LeaseLostError,
+    LLMError,
+    StoreLockedError,
+    UsageError,
+)
 from .events import (
     Action, Approval, End, Error, Event, Reason, Response, ResponseDelta, Result, Retry, Start,
     Token,
@@ -41,11 +50,14 @@ from .tools.base import Tool, Toolset, hide_store_files
 
 _log = logging.getLogger(__name__)
 STOP_REASONS = (
-    "completed", "security", "max_iterations", "no_progress", "invalid_response", "error",
-    "cancelled", "awaiting_approval", "awaiting_tool_results",
+    "completed", "security", "max_iterations", "no_progress", "repeated_calls",
+    "invalid_response", "error", "cancelled", "awaiting_approval", "awaiting_tool_results",
 )
 NO_PROGRESS_LIMIT = 3
 """Consecutive steps with neither a response nor an action before the run stops."""
+REPEAT_LIMIT = 3
+"""Times one call (same tool, same arguments) may give the same result in a run: from the
+second, its result tells the model so; at this many the run stops (``repeated_calls``)."""
 REFUSAL = "I can't help with that request."
 CANCELLED_RESULT = {
     "ok": False, "cancelled": True,
@@ -73,11 +85,34 @@ class AgentResult:
     ``resume(results=...)``)."""
     truncated: bool = False
     """The answer was cut at the client's ``max_tokens`` (OpenAI's ``finish_reason: length``)."""
+    exception: CogencyError | None = field(default=None, repr=False, compare=False)
+    """With ``stop_reason`` ``"error"`` or ``"invalid_response"``: the error that ended the
+    run, as its own type (``error`` is its message)."""
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
         """The waiting calls of the client's tools (``id``, ``name``, ``args``), in order."""
         return [call for call in self.pending_approvals if call.get("decider") == "client"]
+
+    def raise_for_error(self) -> AgentResult:
+        """Raise the error that ended the run, as its own type, if it ended in one; else
+        return this result (so ``result = (await agent.run(q)).raise_for_error()`` works).
+
+        A run that stopped with ``stop_reason="error"`` raises what stopped it
+        (:class:`~cogency.errors.AuthenticationError`, ``RateLimitError``,
+        ``LLMTimeoutError``, …: catch it by type); ``"invalid_response"`` raises
+        :class:`~cogency.errors.InvalidResponseError`. Every other stop reason is an outcome,
+        not an error, and returns: ``completed``, ``security`` (a refusal), ``max_iterations``,
+        ``no_progress``, ``repeated_calls``, ``cancelled``, ``awaiting_approval``,
+        ``awaiting_tool_results``. The task of a run that raised stays resumable, as before.
+        """
+        if self.stop_reason in ("error", "invalid_response"):
+            if self.exception is not None:
+                raise self.exception
+            if self.stop_reason == "invalid_response":
+                raise InvalidResponseError(self.error or "the model's replies were invalid")
+            raise LLMError(self.error or "the run failed")
+        return self
 
 
 class Agent:
@@ -358,6 +393,8 @@ class Agent:
         llm = request.model(self.llm)  # after start(): a copy shares what start() set up
         client = request.prompt()
         ex, usage, error, truncated = state.execution, Usage(), None, False
+        failure: CogencyError | None = None  # the error that ends the run, as its own type
+        outcomes: dict[bytes, int] = {}  # each call's outcomes in this run, for _mark_repeats
         task = state.task_id
         recorded: dict[str, list[dict[str, Any]]] = {}
         saving: asyncio.Future[None] | None = None
@@ -412,6 +449,8 @@ class Agent:
                     answer.finish(None)
                     ex.stop_reason = "invalid_response"
                     error = f"the model's replies did not follow the JSON contract ({problem})"
+                    failure = InvalidResponseError(f"{error} after {1 + self.invalid_retries} "
+                                                   "tries")
                     break
                 state.workspace.update(step.workspace)
                 emit(Reason(task, ex.iteration, state.workspace.to_dict()))
@@ -436,6 +475,8 @@ class Agent:
                     results: list[dict[str, Any] | None] = [
                         next(ran) if old is None else old for old in replayed
                     ]
+                    # A call that gives the result it gave before says so to the model.
+                    repeats = _mark_repeats(outcomes, results, replayed)
                     ex.complete_tool_calls([r for r in results if r is not None])
                     for result, old in zip(results, replayed):
                         if result is None:
@@ -447,6 +488,12 @@ class Agent:
                     ex.iterations_without_tools = 0
                     if waiting:
                         ex.stop_reason = pause_reason(waiting)
+                    elif repeats is not None and repeats["repeated"] >= REPEAT_LIMIT:
+                        ex.stop_reason = "repeated_calls"
+                        error = (f"the model called {_call_text(repeats)} "
+                                 f"{repeats['repeated']} times and got the same result each "
+                                 "time; stopped (resume to let it try again)")
+                        emit(Error(task, error))
                 elif step.response is not None:
                     ex.response, truncated = request.cut(step.response)
                     ex.stop_reason = "completed"
@@ -462,7 +509,7 @@ class Agent:
                     break
                 await save()
         except LLMError as exc:
-            ex.stop_reason, error = "error", str(exc)
+            ex.stop_reason, error, failure = "error", str(exc), exc
             emit(Error(task, error, fatal=True))
         except asyncio.CancelledError:
             ex.stop_reason = "cancelled"
@@ -488,7 +535,7 @@ class Agent:
             self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
         for call in waiting:  # after the save above: each can be decided as soon as it is seen
             emit(Approval(task, call["id"], call["name"], call["args"], call["decider"]))
-        emit(End(task, ex.stop_reason or "error", ex.iteration))
+        emit(End(task, ex.stop_reason or "error", ex.iteration, usage))
         return AgentResult(
             response=ex.response,
             task_id=task,
@@ -500,6 +547,7 @@ class Agent:
             security_assessment=state.security_assessment,
             pending_approvals=[{**call, "task_id": task} for call in waiting],
             truncated=truncated,
+            exception=failure,
         )
 
     async def _ask(
@@ -542,6 +590,7 @@ class Agent:
                         first_iteration=first,
                         on_token=token,
                         on_invalid=invalid,
+                        on_note=lambda message: emit(Error(task, message)),
                         invalid_retries=self.invalid_retries,
                         llm_retries=self.llm_retries,
                         retry_delay=self.retry_delay,
@@ -701,6 +750,38 @@ def _take_recorded(
 
 def _call_key(name: str, args: Any) -> str:
     return json.dumps([name, args], sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _mark_repeats(
+    outcomes: dict[bytes, int], results: Sequence[dict[str, Any] | None],
+    replayed: Sequence[dict[str, Any] | None],
+) -> dict[str, Any] | None:
+    """Count this step's results in ``outcomes`` (the run's, by call and outcome) and mark each
+    new one that repeats an earlier call's outcome: ``result["repeated"]`` counts the times
+    (this one included), stored with it and shown to the model beside it. Returns the most
+    repeated result of the step, if any."""
+    worst: dict[str, Any] | None = None
+    for result, old in zip(results, replayed):
+        if result is None:
+            continue  # it waits for a person: no outcome yet
+        key = _outcome_key(result)
+        outcomes[key] = times = outcomes.get(key, 0) + 1
+        if old is None and times > 1:
+            result["repeated"] = times
+            if worst is None or times > worst["repeated"]:
+                worst = result
+    return worst
+
+
+def _outcome_key(result: dict[str, Any]) -> bytes:
+    outcome = result.get("output") if result.get("ok") else result.get("error")
+    text = _call_key(result["name"], [result.get("args") or {}, bool(result.get("ok")), outcome])
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _call_text(result: dict[str, Any], limit: int = 200) -> str:
+    args = json.dumps(result.get("args") or {}, ensure_ascii=False, default=str)
+    return f"{result['name']}({args[:limit]}{'…' if len(args) > limit else ''})"
 
 
 def _is_toolset(value: Any) -> bool:

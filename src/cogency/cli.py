@@ -69,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         outcome = args.handler(args, progress)
         return int(asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome)
+    except BrokenPipeError:  # stdout was closed (`cogency tasks | head -1`): nothing to say
+        _stdout_closed()
+        return EXIT_OK
     except KeyboardInterrupt:
         task = progress.get("task_id")
         hint = f"; resume with: {command_hint(args, 'resume', task)}" if task else ""
@@ -174,7 +177,11 @@ def _add_server(commands: Commands) -> None:
 
 
 def _add_mcp(commands: Commands) -> None:
-    commands.add("mcp", "serve an agent over MCP (stdio) for the user", _mcp, "user", "agent")
+    mcp = commands.add("mcp", "serve an agent over MCP (stdio) for the user", _mcp, "user",
+                       "agent")
+    mcp.add_argument("--no-memory", action="store_true",
+                     help="do not learn the user's profile from the tasks it runs (learning is "
+                          "on by default, as for run and serve)")
 
 
 def _add_tasks(commands: Commands) -> None:
@@ -294,11 +301,16 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
 
     resuming = args.command != "run"  # resume, approve
     query = "" if resuming else read_query(args.query)
+    if not resuming and not query.strip():
+        raise UsageError("the query is empty: say what to do, e.g. cogency run 'What is 2 + 2?'")
     check_id(args.user, "--user")
     _log_to_stderr()
     store = _store(args)
     ask = _Ask() if not args.yes and _isatty(sys.stdin) else None  # else: tasks pause
     try:
+        # Everything that can be checked is, before a model loads (seconds for the offline
+        # one): the database opens, and can be written.
+        await _ready_to_write(store, args.user)
         stored: dict[str, Any] = {}
         if resuming:
             check_id(args.task_id, "task id")
@@ -345,6 +357,24 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
         await store.close()
 
 
+async def _ready_to_write(store: Any, user: str) -> None:
+    """Open ``store`` (connect, migrate) and make sure this process can write it, so that a
+    missing database, directory or permission is said at once, not after the model loads."""
+    from .errors import StorageError
+
+    path = getattr(store, "path", None)
+    if isinstance(path, str) and path != ":memory:" and not path.startswith("file:"):
+        file = Path(path).expanduser()
+        for where in (file, file.parent) if file.exists() else (file.parent,):
+            if where.exists() and not os.access(where, os.W_OK):
+                raise StorageError(
+                    f"the database {path!r} cannot be written by this process ({where} is "
+                    "read-only); a run stores its task: pass a writable --db (`cogency "
+                    "tasks` and `conversations` read a read-only file)"
+                )
+    await store.load_profile(user)
+
+
 async def _decisions(store: Any, args: argparse.Namespace) -> dict[str, bool]:
     """What ``cogency approve`` decides: every pending call approved, but those ``--deny``."""
     from .errors import NotFoundError, UsageError
@@ -387,7 +417,7 @@ async def _mcp(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     try:
         root = Path(args.root or ".").resolve()
         async with _agent(args, store, args.llm, args.tools, root, args.mcp,
-                          memory=False) as agent:
+                          memory=not args.no_memory) as agent:
             await serve_stdio(agent, args.user)
     finally:
         await store.close()
@@ -813,7 +843,7 @@ class _View:
             self.spinner.stop()
 
     def _line(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        _print_out(text, self.out)
 
 
 class _Spinner:
@@ -946,7 +976,29 @@ def json_text(data: Any, indent: int | None = None) -> str:
 
 
 def _json_line(data: Any, indent: int | None = None) -> None:
-    print(json_text(data, indent), flush=True)
+    _print_out(json_text(data, indent), sys.stdout)
+
+
+def _print_out(text: str, stream: IO[str]) -> None:
+    """A line of a run's output. If the reader went away (``cogency run … | head -2``), the
+    rest of the output is dropped and the run goes on to its end, so its task completes (its
+    answer stored) or is saved to resume, as it would have been."""
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        if stream is not sys.stdout:
+            raise
+        _stdout_closed()
+
+
+def _stdout_closed() -> None:
+    """Point standard output at the null device: Python's own flush at exit (and any later
+    print) then has nowhere to fail, so no "Broken pipe" is printed."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _safe_streams() -> None:

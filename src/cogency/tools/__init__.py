@@ -1,8 +1,14 @@
 """Tools the model can call: ``Tool``, the ``@tool`` decorator, and opt-in built-ins."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import DEFAULT_TIMEOUT, Tool, Toolset, run_tools, tool
+
+if TYPE_CHECKING:  # what __getattr__ imports on use, as type checkers should see it
+    from .files import files_tools
+    from .http import http_tool
+    from .mcp import MCPServer
+    from .shell import sandbox_available, shell_tool
 
 _BUILTINS = {
     "MCPServer": "mcp",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
+import datetime
 import enum
 import functools
 import inspect
@@ -12,12 +14,11 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
-import types
-import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Union, get_args, get_origin, overload
+from typing import Any, Protocol, cast, overload
 
 from .._jsonschema import SchemaViolation, type_name, validate
 from .._redact import redact_cut
@@ -137,8 +138,9 @@ class Tool:
         """One line for the prompt: ``name(arg: type, ...): description``."""
         props = self.parameters.get("properties", {})
         required = set(self.parameters.get("required", []))
+        defs = self.parameters.get("$defs")
         args = ", ".join(
-            f"{key}: {type_name(spec)}{'' if key in required else ' = optional'}"
+            f"{key}: {type_name(spec, defs)}{'' if key in required else ' = optional'}"
             for key, spec in props.items()
         )
         return f"{self.name}({args}): {self.description}"
@@ -179,28 +181,58 @@ def tool(
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` of a typed, documented function (``@tool`` or ``@tool(timeout=5)``).
 
-    The schema comes from the signature's annotations (str, int, float, bool, list[...],
-    dict, Literal[...], Enum, ``X | None``); the description and per-argument help come from
-    the docstring (its first paragraph, and an ``Args:`` section).
+    Pydantic builds the arguments' JSON schema from the signature and validates each call's
+    arguments against it: any type Pydantic knows works (models, dataclasses, TypedDicts,
+    ``datetime``, enums, ``Literal``, ``Annotated[int, Field(ge=1, description=...)]``, fixed
+    tuples), and the function receives its arguments as the declared types (a model
+    instance, a ``datetime``). Arguments that do not validate are an error the model is shown,
+    naming the argument. The description and per-argument help come from the docstring (its
+    first paragraph, and an ``Args:`` section) unless a ``Field`` describes the argument.
     """
+    caller = sys._getframe(1).f_locals  # annotations may name classes local to the caller
 
     def build(fn: Callable[..., Any]) -> Tool:
+        from ._typed import arguments_of  # Pydantic is imported when a tool is made
+
         summary, arg_docs = _parse_doc(inspect.getdoc(fn) or "")
         text = description or summary
         if not text:
             raise ToolError(
                 f"tool {fn.__name__!r} needs a description: add a docstring or pass description="
             )
-        return Tool(
+        parameters, adapter = arguments_of(fn, arg_docs, caller)
+        return _TypedTool(
             name=name or fn.__name__,
             description=text,
-            parameters=_schema_of(fn, arg_docs),
+            parameters=parameters,
             func=fn,
             timeout=timeout,
             needs_approval=needs_approval,
+            adapter=adapter,
         )
 
     return build(func) if func is not None else build
+
+
+@dataclass
+class _TypedTool(Tool):
+    """A tool made by :func:`tool`: Pydantic's ``adapter`` validates the arguments, and the
+    function gets them as the declared types (the arguments stored and shown stay JSON)."""
+
+    adapter: Any = field(default=None, repr=False, compare=False)
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        from ._typed import typed_arguments
+
+        if args is None:
+            args = {}
+        typed_arguments(self.adapter, args, self.name, self.parameters.get("properties", ()))
+        return cast(dict[str, Any], args)
+
+    async def __call__(self, **args: Any) -> Any:
+        from ._typed import typed_arguments
+
+        return await super().__call__(**typed_arguments(self.adapter, args, self.name))
 
 
 async def in_thread(call: Callable[[], Any], slots: threading.BoundedSemaphore, name: str) -> Any:
@@ -300,10 +332,28 @@ def render_output(value: Any) -> str:
         text = value
     else:
         try:
-            text = json.dumps(value, ensure_ascii=False, default=str)
-        except (TypeError, ValueError):
+            text = json.dumps(value, ensure_ascii=False, default=_jsonable)
+        except (TypeError, ValueError, RecursionError):
             text = repr(value)
     return _cut(text)
+
+
+def _jsonable(value: Any) -> Any:
+    """What a tool's result holds beyond JSON, as JSON: a Pydantic model or a dataclass as its
+    fields, an enum as its value, a date as ISO text; anything else as ``str``."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        with contextlib.suppress(Exception):
+            return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
 
 
 def _cut(text: str) -> str:
@@ -324,72 +374,6 @@ def _resolve(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
-
-
-# -- schemas from signatures ---------------------------------------------------------------
-
-
-def _schema_of(fn: Callable[..., Any], docs: dict[str, str]) -> dict[str, Any]:
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception as exc:
-        raise ToolError(f"tool {fn.__name__!r}: cannot read its type hints ({exc})") from exc
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for param in inspect.signature(fn).parameters.values():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ToolError(f"tool {fn.__name__!r}: *args and **kwargs cannot be described")
-        if param.name not in hints:
-            raise ToolError(
-                f"tool {fn.__name__!r}: argument {param.name!r} needs a type annotation"
-            )
-        spec = _type_schema(hints[param.name], f"{fn.__name__}.{param.name}")
-        if param.name in docs:
-            spec["description"] = docs[param.name]
-        if param.default is param.empty:
-            required.append(param.name)
-        elif param.default is None or isinstance(param.default, (str, int, float, bool)):
-            spec["default"] = param.default
-        properties[param.name] = spec
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
-
-
-def _type_schema(hint: Any, where: str) -> dict[str, Any]:
-    origin = get_origin(hint)
-    if hint is str:
-        return {"type": "string"}
-    if hint is bool:
-        return {"type": "boolean"}
-    if hint is int:
-        return {"type": "integer"}
-    if hint is float:
-        return {"type": "number"}
-    if hint is Any:
-        return {}
-    if hint is type(None):
-        return {"type": "null"}
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return {"enum": [member.value for member in hint]}
-    if hint in (list, tuple) or origin in (list, tuple, Sequence):
-        args = get_args(hint)
-        return {"type": "array", **({"items": _type_schema(args[0], where)} if args else {})}
-    if hint is dict or origin is dict:
-        args = get_args(hint)
-        spec: dict[str, Any] = {"type": "object"}
-        if len(args) == 2 and args[1] is not Any:
-            spec["additionalProperties"] = _type_schema(args[1], where)
-        return spec
-    if origin is Literal:
-        return {"enum": list(get_args(hint))}
-    if origin in (Union, types.UnionType):
-        options = [_type_schema(arg, where) for arg in get_args(hint)]
-        return {"anyOf": options}
-    raise ToolError(f"{where}: cannot describe the type {hint!r} in a JSON schema")
 
 
 def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:

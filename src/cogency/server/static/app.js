@@ -63,8 +63,7 @@ async function stream(path, body, onEvent) {
 function show(event, pending) {
   switch (event.type) {
     case "start":
-      state.conversation = event.conversation_id;
-      sessionStorage.setItem("cogency.conversation", state.conversation);
+      setConversation(event.conversation_id);
       break;
     case "reason": {
       const w = event.workspace || {};
@@ -136,17 +135,137 @@ async function follow(path, body) {
   } finally {
     state.busy = false;
     $("send").disabled = false;
+    listConversations();
+  }
+}
+
+function setConversation(id) {
+  state.conversation = id;
+  if (id) sessionStorage.setItem("cogency.conversation", id);
+  else sessionStorage.removeItem("cogency.conversation");
+}
+
+// A stored message as the chat shows it: the user's and the agent's words as messages, the
+// agent's tool calls and their results as steps (JSON the loop stored; shown as text only).
+function showStored(message) {
+  if (message.role === "user") return line(message.content, "msg user");
+  let data = null;
+  if (message.content.startsWith("{")) {
+    try { data = JSON.parse(message.content); } catch (e) { data = null; }
+  }
+  if (message.role === "tool" && data && typeof data.name === "string") {
+    const output = data.ok ? data.output : data.error;
+    return line((data.ok ? "✓ " : "✗ ") + data.name + ": " + clip(output || "", 300),
+      "step result");
+  }
+  if (message.role === "assistant" && data && Array.isArray(data.actions) &&
+      Object.keys(data).length === 1) {
+    for (const call of data.actions) {
+      line("→ " + call.name + " " + clip(JSON.stringify(call.args), 200), "step action");
+    }
+    return null;
+  }
+  return line(message.content, message.role === "assistant" ? "msg assistant" : "step");
+}
+
+// Open a conversation: its newest messages in the log, and the next question continues it.
+async function openConversation(id) {
+  const messages = await (await api("GET", "/api/conversations/" + encodeURIComponent(id) +
+    "/messages?limit=200")).json();
+  $("log").textContent = "";
+  for (const message of messages) showStored(message);
+  setConversation(id);
+  setStatus("");
+  markCurrent();
+}
+
+function markCurrent() {
+  for (const button of $("conversations").querySelectorAll("button")) {
+    button.classList.toggle("current", button.dataset.id === state.conversation);
+  }
+}
+
+async function listConversations() {
+  if (!state.key) return;
+  let items;
+  try {
+    items = await (await api("GET", "/api/conversations")).json();
+  } catch (error) {
+    return;  // the key check says what is wrong
+  }
+  const list = $("conversations");
+  list.textContent = "";
+  if (!items.length) {
+    const none = document.createElement("li");
+    none.textContent = "none yet";
+    list.appendChild(none);
+  }
+  for (const item of items) {
+    const entry = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.dataset.id = item.conversation_id;
+    const when = item.updated_at ? new Date(item.updated_at).toLocaleString() : "";
+    button.textContent = when + " · " + item.messages + " messages · " +
+      item.conversation_id.slice(0, 8);
+    button.title = item.conversation_id;
+    button.addEventListener("click", () => {
+      if (state.busy) return;
+      openConversation(item.conversation_id).catch((error) => {
+        setStatus("error: " + error.message);
+      });
+    });
+    entry.appendChild(button);
+    list.appendChild(entry);
+  }
+  markCurrent();
+}
+
+// "Use key" asks the server who the key is: a wrong or revoked key is said at once.
+async function checkKey() {
+  if (!state.key) {
+    $("who").textContent = "enter a key to start";
+    $("who").className = "";
+    return false;
+  }
+  try {
+    const me = await (await api("GET", "/api/profile")).json();
+    $("who").textContent = "signed in as " + me.user_id;
+    $("who").className = "";
+    return true;
+  } catch (error) {
+    $("who").textContent = "key not accepted: " + error.message;
+    $("who").className = "bad";
+    $("conversations").textContent = "";
+    return false;
+  }
+}
+
+async function start() {
+  if (!(await checkKey())) return;
+  await listConversations();
+  if (state.conversation) {
+    try {
+      await openConversation(state.conversation);
+    } catch (error) {
+      setConversation(null);  // forgotten or gone: start afresh
+    }
   }
 }
 
 $("key").value = state.key;
-$("who").textContent = state.key ? "key set" : "enter a key to start";
+start();
 
-$("key-form").addEventListener("submit", (e) => {
+$("key-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   state.key = $("key").value.trim();
-  sessionStorage.setItem("cogency.key", state.key);
-  $("who").textContent = state.key ? "key set" : "enter a key to start";
+  const ok = await checkKey();
+  if (ok) {
+    sessionStorage.setItem("cogency.key", state.key);
+    await listConversations();
+  } else {
+    sessionStorage.removeItem("cogency.key");
+  }
 });
 
 $("ask").addEventListener("submit", (e) => {
@@ -161,10 +280,10 @@ $("ask").addEventListener("submit", (e) => {
 });
 
 $("new-chat").addEventListener("click", () => {
-  state.conversation = null;
-  sessionStorage.removeItem("cogency.conversation");
+  setConversation(null);
   $("log").textContent = "";
   setStatus("new conversation");
+  markCurrent();
 });
 
 $("show-profile").addEventListener("click", async () => {
@@ -181,10 +300,10 @@ $("forget").addEventListener("click", async () => {
   if (!confirm("Forget everything known of you: profile, conversations and tasks?")) return;
   try {
     await api("DELETE", "/api/profile");
-    state.conversation = null;
-    sessionStorage.removeItem("cogency.conversation");
+    setConversation(null);
     $("log").textContent = "";
     $("profile").textContent = "forgotten";
+    listConversations();
   } catch (error) {
     $("profile").textContent = "error: " + error.message;
   }
