@@ -678,7 +678,7 @@ def _clean(text: str) -> str:
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with local ``$ref``\ s inlined (a recursive or unknown one becomes ``{}``,
+    """``schema`` with local ``$ref`` entries inlined (a recursive or unknown one becomes ``{}``,
     a schema too large once inlined accepts any arguments): a tool's parameters are embedded
     in the step schema, where ``#/...`` would point elsewhere."""
     try:
