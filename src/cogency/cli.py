@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .tools.spec import TOOL_SETS, builtin_tools, mcp_servers
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-TOOL_SETS = ("files", "shell", "http")
 OUTPUT_CHARS = 400
 """A tool's output is cut to this on screen (the model and the database get all of it)."""
 ASK_CHARS = 2_000
@@ -403,17 +404,14 @@ async def _agent(args: argparse.Namespace, store: Any, llm: str | None, tools: s
     decides calls that need approval (``--yes`` allows them all; with neither, a task pauses
     at such a call)."""
     from .agent import Agent
-    from .errors import UsageError
     from .llm.resolve import resolve_llm
 
-    if args.read_only and mcp:
-        raise UsageError("--read-only cannot include --mcp servers (their tools may change "
-                         "anything); leave --mcp out")
+    servers = mcp_servers(mcp, read_only=args.read_only)
     model, owned = resolve_llm(llm)
     try:
         async with Agent(
             llm=model,
-            tools=[*builtin_tools(tools, root, read_only=args.read_only), *mcp_servers(mcp)],
+            tools=[*builtin_tools(tools, root, read_only=args.read_only), *servers],
             store=store,
             memory=memory and getattr(model, "learns", True),
             max_iterations=args.max_iterations,
@@ -1011,51 +1009,6 @@ def read_query(query: str | None) -> str:
     if not text.strip():
         raise UsageError("the query read from standard input is empty")
     return text
-
-
-def builtin_tools(spec: str | None, root: Path, *, read_only: bool = False) -> list[Any]:
-    """The built-in tool sets named in ``spec`` ("files,shell,http"), confined to ``root``;
-    ``read_only`` keeps only tools that change nothing (no file writes, no shell)."""
-    from .errors import ConfigurationError, UsageError
-
-    tools: list[Any] = []
-    for name in [part.strip() for part in (spec or "").split(",") if part.strip()]:
-        if name not in TOOL_SETS:
-            raise UsageError(f"unknown tool set {name!r}: choose from {', '.join(TOOL_SETS)}")
-        if name == "shell" and read_only:
-            raise UsageError("--read-only cannot include the shell tool (a command can change "
-                             "anything); leave shell out of --tools")
-        try:
-            if name == "files":
-                from .tools.files import files_tools
-
-                tools.extend(files_tools(root, read_only=read_only))
-            elif name == "shell":
-                from .tools.shell import shell_tool
-
-                tools.append(shell_tool(root))
-            else:
-                from .tools.http import http_tool
-
-                tools.append(http_tool())
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"the {name!r} tools are not available in this version of cogency"
-            ) from exc
-    return tools
-
-
-def mcp_servers(specs: Sequence[str] | None) -> list[Any]:
-    """An ``MCPServer`` for each ``--mcp``: a command line (stdio) or an http(s) URL."""
-    if not specs:
-        return []
-    from .tools.mcp import MCPServer
-
-    return [
-        MCPServer(url=spec.strip()) if spec.strip().startswith(("http://", "https://"))
-        else MCPServer(spec)
-        for spec in specs
-    ]
 
 
 def _store(args: argparse.Namespace) -> Any:
