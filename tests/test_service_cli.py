@@ -92,7 +92,7 @@ def test_sigterm_finishes_runs_in_flight(tmp_path):
     gate = tmp_path / f"gate-{uuid.uuid4().hex}"
     thread, seen = _start_gated_run(server, key, gate)
     server.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "Shutting down" in server.log())
+    wait_for(lambda: "waiting up to 20s for 1 runs in flight" in server.log())
     gate.touch()
     assert server.stop() == 0
     thread.join(10)
