@@ -210,14 +210,18 @@ def _add_profile(commands: Commands) -> None:
     profile = commands.add(
         "profile", "show or forget what is known of a user", _profile, "user",
         description="show: print what was learned about a user (read-only).\n"
-                    "forget: erase the user's profile, conversations, messages and tasks "
-                    "(asks first; --yes skips the question).",
+                    "forget: erase the user's profile, conversations, messages and tasks, "
+                    "and the directory their tools had under `cogency serve --root` (asks "
+                    "first; --yes skips the question).",
     )
     profile.add_argument("action", choices=["show", "forget"], help="show or forget")
     profile.add_argument("user_id", nargs="?", metavar="USER",
                          help="the user (default: --user, i.e. 'default')")
     profile.add_argument("--yes", "-y", action="store_true",
                          help="forget without asking for confirmation")
+    profile.add_argument("--root", metavar="DIR",
+                         help="forget also deletes the user's tools' directory under DIR, the "
+                              "--root of `cogency serve` (default: the current directory)")
 
 
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
@@ -552,43 +556,52 @@ async def _show_conversation(store: Any, conversation_id: str, args: argparse.Na
 
 async def _profile(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     from .state.state import check_id
+    from .tools.rooms import remove_user_directory, user_directory
 
     user = args.user_id or args.user
     check_id(user, "user")
     shown = repr(visible(user, keep=""))
+    folder = user_directory(Path(args.root or "."), user)  # from `cogency serve --root`
+    has_folder = args.action == "forget" and os.path.lexists(folder)
     store = _read_store(args)
-    if store is None:
-        print(f"nothing is stored about {shown}"
-              + ("; nothing to forget" if args.action == "forget" else ""))
-        return EXIT_OK
-    try:
-        profile = await store.load_profile(user)
-        conversations = await store.list_conversations(user)
-        tasks = await store.list_tasks(user)
-    finally:
-        await store.close()
+    profile, conversations, tasks = None, [], []
+    if store is not None:
+        try:
+            profile = await store.load_profile(user)
+            conversations = await store.list_conversations(user)
+            tasks = await store.list_tasks(user)
+        finally:
+            await store.close()
     if args.action == "show":
         if profile is None:
             print(f"nothing is stored about {shown}")
             return EXIT_OK
         _json_line(profile.to_dict(), indent=2)
         return EXIT_OK
-    if profile is None and not conversations and not tasks:
+    stored = profile is not None or bool(conversations) or bool(tasks)
+    if not stored and not has_folder:
         print(f"nothing is stored about {shown}; nothing to forget")
         return EXIT_OK
     messages = sum(item.message_count for item in conversations)
-    what = (f"the profile, {_count(len(conversations), 'conversation')} "
-            f"({_count(messages, 'message')}) and {_count(len(tasks), 'unfinished task')}")
+    parts = [f"the profile, {_count(len(conversations), 'conversation')} "
+             f"({_count(messages, 'message')}) and {_count(len(tasks), 'unfinished task')}"
+             ] if stored else []
+    if has_folder:
+        parts.append(f"their tools' directory {visible(str(folder))}")
+    what = " and ".join(parts)
     if not args.yes and not _confirm(f"erase everything stored about {shown}: {what}?"):
         print("nothing was erased")
         return EXIT_ERROR
-    from .memory import Memory
+    if stored:
+        from .memory import Memory
 
-    writable = _store(args)
-    try:
-        await Memory(store=writable).forget(user)
-    finally:
-        await writable.close()
+        writable = _store(args)
+        try:
+            await Memory(store=writable).forget(user)
+        finally:
+            await writable.close()
+    if has_folder:
+        await asyncio.to_thread(remove_user_directory, folder.parent, user)
     print(f"forgot {shown}: {what} deleted")
     return EXIT_OK
 

@@ -121,12 +121,12 @@ def protocol_class(settings: Settings) -> type[asyncio.Protocol]:
             if phase != self._phase or self.transport.is_closing():
                 return
             seconds = settings.header_timeout if phase == "headers" else settings.body_timeout
-            log.info("closed a connection whose request's %s did not arrive within %gs",
+            log.info("closed a connection whose request's %s did not arrive within %g s",
                      phase, seconds)
             self._phase = None
             self.transport.write(_answer(
                 408, "Request Timeout", "timeout",
-                f"the request's {phase} did not arrive within {seconds:g} seconds"))
+                f"the request's {phase} did not arrive within {seconds:g} s"))
             self.transport.close()
 
         def _refuse(self, message: str) -> None:
