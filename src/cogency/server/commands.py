@@ -181,7 +181,7 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
                 max_connections_per_client=args.max_connections_per_client,
             )
             app = create_app(agent, settings)
-            listener = _listen(args.host, args.port)
+            listener = _listen(args.host, args.port, transport.BACKLOG)
             host, port = listener.getsockname()[:2]
             print(f"cogency serve: listening on http://{_url_host(host)}:{port} "
                   f"(model {agent.llm.name}, database {_where(store)}); API docs at /docs",
@@ -193,31 +193,36 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     return 0
 
 
+SPARE_FILES = 512
+"""File descriptors kept free of connections: for the database, the model, tools, and the
+connections accepted in a burst before the cap turns them away."""
+
+
 def _connection_cap(wanted: int) -> int:
     """``wanted``, or fewer when the open-file limit would run out first (each connection is
-    a file descriptor; the database, the model and tools need some too)."""
+    a file descriptor); the soft limit is raised to the hard one when that is needed."""
     try:
         import resource
     except ImportError:  # not POSIX
         return wanted
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < wanted + 256:
-        target = hard if hard == resource.RLIM_INFINITY else min(hard, wanted + 256)
+    if soft != resource.RLIM_INFINITY and soft < wanted + SPARE_FILES:
+        target = hard if hard == resource.RLIM_INFINITY else min(hard, wanted + SPARE_FILES)
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
         except (ValueError, OSError):
             pass
-    if soft == resource.RLIM_INFINITY or soft >= wanted + 256:
+    if soft == resource.RLIM_INFINITY or soft >= wanted + SPARE_FILES:
         return wanted
-    cap = max(soft - 256, 16)
+    cap = max(soft - SPARE_FILES, 16)
     logging.getLogger("cogency.server").warning(
         "the open-file limit (%d) allows %d connections, not --max-connections %d", soft, cap,
         wanted)
     return cap
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket, bound before the server starts so a taken port is a clear error."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -229,7 +234,7 @@ def _listen(host: str, port: int) -> socket.socket:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(address)
-        listener.listen(2048)
+        listener.listen(backlog)
     except OSError as exc:
         listener.close()
         if exc.errno == errno.EADDRINUSE:

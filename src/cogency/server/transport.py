@@ -5,9 +5,13 @@
   one), its body within ``body_timeout`` seconds of its headers: otherwise the client gets
   408 and the connection is closed. uvicorn alone waits for ever for a client that sends half
   a request, or nothing, and a slow client that trickles bytes never resets the budget.
-- **A bounded number of connections**: at most ``max_connections`` at once, and
-  ``max_connections_per_client`` from one address; one more is answered 503 and closed at
-  once, before anything of it is read.
+- **A bounded number of connections**: at most ``max_connections_per_client`` from one
+  address (one more is answered 503 and closed at once, before anything of it is read), and
+  ``max_connections`` in all: when they are taken, a new connection closes the one that has
+  waited longest for its request's headers (a slow client's: 408), or is refused (503) when
+  every connection has a request in hand. A client that opens connections and sends
+  nothing cannot keep anyone else out. Refusals and cut-offs are logged at most once per kind
+  every 10 seconds, with their count.
 - **One budget for a shutdown.** On SIGTERM (or Ctrl-C) the server stops listening, runs in
   flight get ``grace`` seconds to finish, then the rest are saved as resumable tasks and each
   follower gets its final ``error`` event saying so; then the responses end and the process
@@ -21,7 +25,8 @@ import asyncio
 import json
 import logging
 import socket
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +39,9 @@ from .errors import error_body
 log = logging.getLogger("cogency.server")
 
 FLUSH_SECONDS = 5
+BACKLOG = 128
+"""Connections the kernel queues for the server, and so the most asyncio accepts at once
+before any is turned away (``cogency serve`` keeps file descriptors spare for such bursts)."""
 """After the runs of a shutdown are over (finished or saved), how long the responses that
 follow them may take to deliver their last events before their connections are closed."""
 
@@ -46,10 +54,34 @@ def _answer(status: int, reason: str, kind: str, message: str) -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
+class _Notes:
+    """Log lines about refused and cut-off connections, at most one per kind every
+    ``every`` seconds (with how many there were): a flood of connections must not become a
+    flood of log lines."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self._kinds: dict[str, tuple[int, float]] = {}
+
+    def note(self, level: int, text: str) -> None:
+        count, last = self._kinds.get(text, (0, float("-inf")))
+        count += 1
+        now = time.monotonic()
+        if now - last < self.every:
+            self._kinds[text] = (count, last)
+            return
+        log.log(level, "%s%s", text, f" ({count} times since the last such line)"
+                if count > 1 else "")
+        self._kinds[text] = (0, now)
+
+
 def protocol_class(settings: Settings) -> type[asyncio.Protocol]:
     """uvicorn's HTTP/1.1 protocol with the time limits and the connection caps of
-    ``settings`` (one class per server: the per-address count is shared by its connections)."""
+    ``settings`` (one class per server: its connections share the counts)."""
     per_address: Counter[str] = Counter()
+    waiting: OrderedDict[Any, None] = OrderedDict()
+    """Connections waiting for a request's headers, the longest waiting first."""
+    notes = _Notes()
 
     class Guarded(H11Protocol):
         _address: str | None = None
@@ -62,13 +94,20 @@ def protocol_class(settings: Settings) -> type[asyncio.Protocol]:
             self._address = self.client[0] if self.client else None
             if self._address is not None:
                 per_address[self._address] += 1
-            if len(self.connections) > settings.max_connections:
-                self._refuse("the server has as many connections as it takes; retry later")
-            elif (self._address is not None
-                  and per_address[self._address] > settings.max_connections_per_client):
+            if (self._address is not None
+                    and per_address[self._address] > settings.max_connections_per_client):
                 self._refuse("too many connections from your address; close some, then retry")
-            else:
-                self._watch()
+                return
+            if len(self.connections) > settings.max_connections:
+                # Full: the connection that has waited longest for its request's headers
+                # (a slow client's) makes room; if none waits, this one is refused.
+                slowest = next(iter(waiting), None)
+                if slowest is None:
+                    self._refuse("the server has as many connections as it takes; retry later")
+                    return
+                slowest._cut("headers", "in time (the server was full and needed the "
+                                        "connection)")
+            self._watch()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._set_phase(None)
@@ -110,27 +149,34 @@ def protocol_class(settings: Settings) -> type[asyncio.Protocol]:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            if self._phase == "headers":
+                waiting.pop(self, None)
             self._phase = phase
             if phase is not None:
                 seconds = (settings.header_timeout if phase == "headers"
                            else settings.body_timeout)
                 self._timer = self.loop.call_later(seconds, self._expired, phase)
+                if phase == "headers":
+                    waiting[self] = None
 
         def _expired(self, phase: str) -> None:
             self._timer = None
-            if phase != self._phase or self.transport.is_closing():
-                return
-            seconds = settings.header_timeout if phase == "headers" else settings.body_timeout
-            log.info("closed a connection whose request's %s did not arrive within %g s",
-                     phase, seconds)
-            self._phase = None
-            self.transport.write(_answer(
-                408, "Request Timeout", "timeout",
-                f"the request's {phase} did not arrive within {seconds:g} s"))
+            if phase == self._phase and not self.transport.is_closing():
+                seconds = (settings.header_timeout if phase == "headers"
+                           else settings.body_timeout)
+                self._cut(phase, f"within {seconds:g} s")
+
+        def _cut(self, phase: str, why: str) -> None:
+            """Close the connection, telling the client (408) that its request came too late."""
+            notes.note(logging.INFO,
+                       f"closed connections whose request's {phase} did not arrive {why}")
+            self._set_phase(None)
+            self.transport.write(_answer(408, "Request Timeout", "timeout",
+                                         f"the request's {phase} did not arrive {why}"))
             self.transport.close()
 
         def _refuse(self, message: str) -> None:
-            log.warning("refused a connection: %s", message)
+            notes.note(logging.WARNING, f"refused connections: {message}")
             self.transport.write(_answer(503, "Service Unavailable", "unavailable", message))
             self.transport.close()
 
@@ -156,7 +202,14 @@ class _Server(uvicorn.Server):
             server.close()
         for sock in sockets or []:
             sock.close()
-        await self._drain()
+        drain = asyncio.ensure_future(self._drain())
+        while not drain.done():  # a second signal (force_exit) cuts the wait short: the
+            await asyncio.wait([drain], timeout=0.1)  # agent's close() then saves the runs
+            if self.force_exit:
+                drain.cancel()
+                await asyncio.wait([drain])
+        if not drain.cancelled() and drain.exception() is not None:
+            log.error("finishing the runs in flight failed", exc_info=drain.exception())
         await super().shutdown(sockets)
 
 
@@ -166,7 +219,7 @@ async def serve(app: Any, settings: Settings, listener: socket.socket,
     runs in flight (within ``settings.grace``) once the server stops listening."""
     config = uvicorn.Config(
         app, log_config=None, access_log=False, server_header=False,
-        http=protocol_class(settings),
+        http=protocol_class(settings), backlog=BACKLOG,
         timeout_graceful_shutdown=FLUSH_SECONDS,
     )
     await _Server(config, drain).serve(sockets=[listener])
