@@ -151,11 +151,18 @@ def test_a_resent_first_turn_too_long_for_the_window_never_reaches_the_model_in_
         assert chat.json()["choices"][0]["message"]["content"] == "user assistant user"
 
 
-def _serve(tmp_path, *args):
+def _serve(tmp_path, *args, **extra_env):
     return subprocess.run(
         [sys.executable, "-m", "cogency.cli", "serve", "--db", str(tmp_path / "o.db"),
          "--llm", LLM, "--port", "0", "--root", str(tmp_path), *args],
-        capture_output=True, text=True, env=env(), timeout=60)
+        capture_output=True, text=True, env=env(**extra_env), timeout=60)
+
+
+def test_serve_refuses_the_shell_without_its_sandbox(tmp_path):
+    # no bwrap on the PATH: the shell would run unconfined, so every user's files are open
+    refused = _serve(tmp_path, "--tools", "shell", PATH="/nonexistent")
+    assert refused.returncode == 1, refused.stdout
+    assert "serving the shell tool to many users needs its bubblewrap sandbox" in refused.stderr
 
 
 def test_serve_honours_read_only(tmp_path):
