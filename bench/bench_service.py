@@ -52,7 +52,8 @@ def model() -> ScriptedLLM:
 
 
 class _Server:
-    def __init__(self, db: str, delay: float, workdir: str) -> None:
+    def __init__(self, db: str, delay: float, workdir: str, nofile: int | None = None) -> None:
+        """``nofile``: the server's open-file limit (else this process's)."""
         env = {**os.environ, "COGENCY_BENCH_DELAY": str(delay),
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.log = open(Path(workdir) / f"server-{uuid.uuid4().hex[:6]}.log", "w")
@@ -60,7 +61,8 @@ class _Server:
             [sys.executable, "-m", "cogency.cli", "serve", "--db", db, "--port", "0",
              "--llm", "bench.bench_service:model", "--max-runs-per-key", "1000",
              "--no-memory"],  # the served turn alone: learning would double the model calls
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=workdir)
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=workdir,
+            preexec_fn=None if nofile is None else lambda: _limit_files(nofile))
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         found = re.search(r"listening on (http://\S+)", line)
@@ -72,6 +74,12 @@ class _Server:
         self.proc.terminate()
         self.proc.wait(30)
         self.log.close()
+
+
+def _limit_files(count: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -10,7 +10,15 @@ An endless script whose reply depends on the query, so many users can talk to on
   what the tool answered;
 - a memory learning call (its prompt quotes an ``<interaction>``) learns that the user likes
   brief answers;
+- ``write-long NAME`` writes the file NAME with a long content that ends in a bidi override
+  and a command (a call whose end is what matters), then says what the tool answered;
 - ``recall`` is answered with the first user message the model was sent (the history);
+- ``read NAME`` reads the file NAME and ``sh COMMAND`` runs COMMAND in the shell, then say
+  what the tool answered (the end of its output);
+- ``surrogate`` is answered with text holding a lone surrogate (models emit them);
+- ``roles`` is answered with the roles of the messages the model was sent, after the system
+  message (what of the history reached it);
+- ``fail`` makes the model fail (a run that ends with an error);
 - anything else is answered ``echo: QUERY``.
 
 ``$COGENCY_TEST_DELAY`` seconds are spent on every call (the benchmark's model latency).
@@ -53,6 +61,25 @@ async def _reply(messages):
             return {"actions": [{"name": "file_write",
                                  "args": {"path": query.split()[1], "content": "written"}}]}
         return {"response": f"the tool said: {last[:200]}"}
+    if query.startswith("write-long "):
+        if not after_tool:
+            content = "Tidying notes… " + "." * 1600 + " \u202e and then: touch pwned"
+            return {"actions": [{"name": "file_write",
+                                 "args": {"path": query.split()[1], "content": content}}]}
+        return {"response": f"the tool said: {last[:200]}"}
+    if query.startswith(("read ", "sh ")):
+        if not after_tool:
+            name, rest = query.split(" ", 1)
+            call = ({"name": "file_read", "args": {"path": rest}} if name == "read"
+                    else {"name": "shell", "args": {"command": rest}})
+            return {"actions": [call]}
+        return {"response": f"the tool said: {last[-600:]}"}
+    if query == "surrogate":
+        return {"response": "half of a pair: \ud800 (from the model)"}
+    if query == "roles":
+        return {"response": " ".join(m["role"] for m in messages[1:])}
+    if query == "fail":
+        raise RuntimeError("the model broke")
     if query == "recall":
         first = next(m["content"] for m in messages if m["role"] == "user")
         return {"response": f"you said: {first}"}

@@ -54,7 +54,8 @@ class Server:
         return self._url
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
     def client(self, key: str | None = None, **options: Any) -> httpx.Client:

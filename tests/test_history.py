@@ -117,8 +117,11 @@ def _plain_rule(system: str, history: list[dict[str, Any]], task_id: str, window
     head = [{"role": "system", "content": system}]
     system_tokens = count_tokens(system) + MESSAGE_TOKENS
     budget = window - output - system_tokens
-    if sum(costs) <= budget:
-        return head + chats
+    begin = 0  # whole turns: never an answer or a tool result without its user's message
+    while begin < len(history) and history[begin]["role"] != "user":
+        begin += 1
+    if sum(costs[begin:]) <= budget:
+        return head + chats[begin:]
     start = len(history)
     while start and history[start - 1]["task_id"] == task_id:
         start -= 1
@@ -137,12 +140,14 @@ def _plain_rule(system: str, history: list[dict[str, Any]], task_id: str, window
             rest.append(chats[index])
         own = [chats[start]] + rest[::-1]
     older: list[dict[str, Any]] = []
-    for index in range(start - 1, -1, -1):
+    for index in range(start - 1, begin - 1, -1):
         if costs[index] > budget:
             break
         budget -= costs[index]
-        older.append(chats[index])
-    return head + older[::-1] + own
+        older.append((history[index]["role"], chats[index]))
+    while older and older[-1][0] != "user":  # the oldest kept must begin a turn
+        older.pop()
+    return head + [chat for _, chat in older[::-1]] + own
 
 
 @SETTINGS

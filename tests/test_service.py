@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from cogency.tools.rooms import user_directory
 from serverutil import Server, create_key, rows, sse_events, wait_for
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
@@ -18,7 +19,9 @@ SECRET_QUERY = "the-secret-query-7c1f"
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("service")
     (tmp / "root").mkdir()
-    (tmp / "root" / "notes.txt").write_text("hello\n")
+    alice = user_directory(tmp / "root", "alice")  # each user's tools work in their own
+    alice.mkdir()
+    (alice / "notes.txt").write_text("hello\n")
     db = str(tmp / "service.db")
     keys = {user: create_key(db, user) for user in ("alice", "bob")}
     server = Server(db, tmp, "--tools", "files", "--root", str(tmp / "root"),
@@ -86,7 +89,8 @@ def test_sse_carries_the_events_of_agent_stream(service):
     async def direct():
         from cogency.tools import files_tools
 
-        async with Agent(llm=model(), tools=files_tools(tmp / "root"), store=str(tmp / "direct.db")) as a:
+        tools = files_tools(user_directory(tmp / "root", "alice"))
+        async with Agent(llm=model(), tools=tools, store=str(tmp / "direct.db")) as a:
             return [e.to_dict() async for e in a.stream("tool please", user_id="alice")]
 
     expected = asyncio.run(direct())
@@ -328,7 +332,7 @@ def test_a_client_that_leaves_does_not_stop_its_run(service):
 
 def test_a_tool_call_waits_for_its_users_decision(service):
     server, keys, db, tmp = service
-    root = tmp / "root"
+    root = user_directory(tmp / "root", "alice")
     with server.client(keys["alice"]) as alice, server.client(keys["bob"]) as bob:
         paused = run(alice, "write allowed.txt")
         assert paused["stop_reason"] == "awaiting_approval"

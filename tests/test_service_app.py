@@ -90,7 +90,7 @@ async def test_concurrent_resumes_never_pass_the_per_key_limit(store):
 
 
 class CountingStore(SQLiteStore):
-    """A store that notes each read a resent chat history can be matched with."""
+    """A store that notes each read a resent chat history could be matched with."""
 
     def __init__(self, path) -> None:
         super().__init__(path)
@@ -104,6 +104,11 @@ class CountingStore(SQLiteStore):
     async def load_messages(self, conversation_id, user_id, **window):
         found = await super().load_messages(conversation_id, user_id, **window)
         self.reads.append(("load_messages", conversation_id, len(found)))
+        return found
+
+    async def find_conversation_by_turns(self, user_id, digest):
+        found = await super().find_conversation_by_turns(user_id, digest)
+        self.reads.append(("find_conversation_by_turns", user_id, int(found is not None)))
         return found
 
 
@@ -147,31 +152,31 @@ async def test_a_key_at_its_limit_is_refused_before_its_resent_history_is_read(
     again = await client.post("/v1/chat/completions", json=chat("hello", "echo: hello", "again"))
     assert again.json()["conversation_id"] == conversation  # matched, now the slot is free
     assert again.json()["choices"][0]["message"]["content"] == "echo: again"
-    assert store.reads[0] == ("list_conversations", "alice", 2)  # what the 429 skipped
+    assert store.reads[0] == ("find_conversation_by_turns", "alice", 1)  # what the 429 skipped
 
 
-async def test_a_resent_history_reads_a_bounded_number_of_messages(counting, db):
-    from cogency.server.openai_api import READ
-
+async def test_a_resent_history_is_matched_by_one_lookup_reading_no_message(counting, db):
     client, store, agent = counting
-    # A long conversation (more messages than one request may read) that ends as the resent
-    # history does: once read whole, now passed over unread.
-    async for _ in agent.stream("hi", "alice",
-                                history=[("user", "x"), ("assistant", "y")] * (READ // 2)):
+    # A long conversation: its turns are matched by their digest, without reading a message
+    # (the match used to read each candidate conversation whole, up to 2,000 messages).
+    turns = [("user", f"question {n}") if n % 2 == 0 else ("assistant", f"answer {n}")
+             for n in range(490)]
+    async for _ in agent.stream("hi", "alice", history=turns):
         pass
     (long,) = [row[0] for row in db.execute("SELECT conversation_id FROM conversations")]
+    resent = [text for _, text in turns] + ["hi", "echo: hi", "more"]
     store.reads.clear()
-    answer = await client.post("/v1/chat/completions", json=chat("hi", "echo: hi", "more"))
+    answer = await client.post("/v1/chat/completions", json=chat(*resent))
     assert answer.json()["choices"][0]["message"]["content"] == "echo: more"
-    fresh = answer.json()["conversation_id"]
-    assert fresh != long
-    read = [rows for method, where, rows in store.reads
-            if method == "load_messages" and where != fresh]
-    assert sum(read) <= READ, read  # was 2,003: the long conversation whole
-    assert db.execute("SELECT role, content FROM conversation_messages WHERE conversation_id "
-                      "= ? ORDER BY seq", (fresh,)).fetchall() == [
-        ("user", "hi"), ("assistant", "echo: hi"), ("user", "more"), ("assistant", "echo: more")]
-
+    assert answer.json()["conversation_id"] == long
+    assert store.reads == [("find_conversation_by_turns", "alice", 1)]  # no message read
+    # one turn changed: no conversation matches, a new one starts with the resent turns
+    store.reads.clear()
+    edited = await client.post("/v1/chat/completions", json=chat("edited", *resent[1:]))
+    fresh = edited.json()["conversation_id"]
+    assert fresh != long and store.reads == [("find_conversation_by_turns", "alice", 0)]
+    assert db.execute("SELECT COUNT(*) FROM conversation_messages WHERE conversation_id = ?",
+                      (fresh,)).fetchone() == (len(resent) + 1,)
 
 
 # Run in a process of its own: CPython 3.11 miscounts its recursion depth after a
@@ -189,7 +194,7 @@ agent = Agent(llm=ScriptedLLM([KeyboardInterrupt()]), store=store)
 runs = Runs(agent, max_per_key=1)
 
 async def follow():
-    run = await runs.start("alice", "key", query="hello", conversation_id="chat")
+    run = await runs.start("alice", "key", query="hello")
     return [event async for event in run.follow() if event is not None], run
 
 followed = loop.create_task(follow())
@@ -208,7 +213,8 @@ loop.run_until_complete(resumed.task)
 loop.run_until_complete(agent.close())
 loop.run_until_complete(store.close())
 print(json.dumps({"interrupts": interrupts, "events": events, "in_flight": in_flight,
-                  "resumed": resumed.summary()["response"]}))
+                  "resumed": resumed.summary()["response"],
+                  "conversation": run.conversation_id}))
 """
 
 
@@ -230,8 +236,10 @@ def test_a_keyboard_interrupt_in_a_run_goes_on_up_and_its_task_is_saved(db_path,
     assert [event["type"] for event in seen["events"]] == ["start", "error"]
     fatal = seen["events"][-1]
     assert fatal["fatal"] and fatal["status"] == 503  # was 500, "internal server error"
-    assert fatal["message"].endswith("its task was saved: resume it")
+    task = seen["events"][0]["task_id"]
+    assert f"its task {task} was saved: resume it with POST /api/tasks/{task}/resume" in \
+        fatal["message"]
     assert seen["in_flight"] == 0 and seen["resumed"] == "resumed"
     assert db.execute("SELECT role, content FROM conversation_messages WHERE conversation_id "
-                      "= 'chat' ORDER BY seq").fetchall() == [("user", "hello"),
-                                                             ("assistant", "resumed")]
+                      "= ? ORDER BY seq", (seen["conversation"],)).fetchall() == [
+        ("user", "hello"), ("assistant", "resumed")]

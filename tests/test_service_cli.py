@@ -92,7 +92,7 @@ def test_sigterm_finishes_runs_in_flight(tmp_path):
     gate = tmp_path / f"gate-{uuid.uuid4().hex}"
     thread, seen = _start_gated_run(server, key, gate)
     server.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "Shutting down" in server.log())
+    wait_for(lambda: "waiting up to 20s for 1 runs in flight" in server.log())
     gate.touch()
     assert server.stop() == 0
     thread.join(10)
@@ -105,13 +105,23 @@ def test_sigterm_finishes_runs_in_flight(tmp_path):
 def test_sigterm_saves_a_run_that_outlasts_the_grace(tmp_path):
     db = str(tmp_path / "term.db")
     key = create_key(db, "alice")
-    server = Server(db, tmp_path, "--grace", "0.5")
+    server = Server(db, tmp_path, "--grace", "1")
     gate = tmp_path / f"gate-{uuid.uuid4().hex}"
     thread, seen = _start_gated_run(server, key, gate)
     assert server.stop() == 0
     thread.join(10)
     [(task_id, query)] = rows(db, "SELECT task_id, query FROM task_workspaces")
     assert query == f"gate:{gate}" and seen[0]["task_id"] == task_id
+    # its follower was told, in its last event, that the task was saved and how to resume it
+    # (it was cut off at --grace with no such event, and the shutdown then waited --grace
+    # again: one budget now, the runs' first)
+    last = seen[-1]
+    assert last["type"] == "error" and last["fatal"] and last["status"] == 503, seen
+    assert f"its task {task_id} was saved: resume it with POST /api/tasks/{task_id}/resume" \
+        in last["message"]
+    log = server.log()
+    assert log.count("waiting up to 1s for 1 runs in flight") == 1
+    assert "timeout graceful shutdown exceeded" not in log
     assert rows(db, "SELECT COUNT(*) FROM conversation_runs") == [(0,)]
     # it can be resumed to its end (here by an agent in this process)
     gate.touch()

@@ -236,7 +236,7 @@ def test_a_chat_ui_resending_the_history_continues_its_conversation_or_starts_on
     assert conversations_of(db, "alice") == before | {conversation} | seen
 
 
-def test_a_resent_history_is_sought_in_the_50_newest_conversations_newest_first(served):
+def test_a_resent_history_continues_the_newest_conversation_with_those_turns(served):
     state, _, db, _ = served
     ai = client(state["server"], create_key(db, "carol"))
 
@@ -249,9 +249,12 @@ def test_a_resent_history_is_sought_in_the_50_newest_conversations_newest_first(
     old = chat("old times")
     twins = [chat("same"), chat("same")]
     assert chat("same", "echo: same", "again") == twins[1]  # the newest match
-    for number in range(48):
+    for number in range(60):
         chat(f"filler {number}")
-    # "old times" is now the 51st newest: resending it starts a new conversation with it
-    assert chat("old times", "echo: old times", "recall") not in (old, *twins)
+    # "old times" is now the 63rd newest conversation: still found (was: only the 50 newest
+    # were searched, so it started a new conversation)
+    assert chat("old times", "echo: old times", "recall") == old
     assert messages(db, old) == [("carol", "user", "old times"),
-                                 ("carol", "assistant", "echo: old times")]
+                                 ("carol", "assistant", "echo: old times"),
+                                 ("carol", "user", "recall"),
+                                 ("carol", "assistant", "you said: old times")]

@@ -9,6 +9,7 @@ import sqlite3
 
 import pytest
 
+from cogency.tools.rooms import user_directory
 from serverutil import Server, create_key
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
@@ -25,13 +26,14 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("page")
-    root = tmp / "root"
-    root.mkdir()
+    served = tmp / "root"
+    root = user_directory(served, "alice")  # alice's tools work in her own directory
+    root.mkdir(parents=True)
     (root / "notes.txt").write_text("hi\n")
     db = str(tmp / "page.db")
     key = create_key(db, "alice")
     others = {user: create_key(db, user) for user in ("page-bob", "page-phone")}
-    server = Server(db, tmp, "--tools", "files", "--root", str(root))
+    server = Server(db, tmp, "--tools", "files", "--root", str(served))
     server.keys = others  # type: ignore[attr-defined]  # made before Playwright's loop runs
     try:
         with sync_playwright() as playwright:
@@ -112,6 +114,7 @@ def test_chat_steps_profile_and_forget(browser_page):
     expect(page.locator("#profile")).to_have_text("forgotten")
     assert count(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") == 0
     assert count(db, "SELECT COUNT(*) FROM user_profiles WHERE user_id = 'alice'") == 0
+    assert not root.exists()  # her tools' directory went with the rest
 
 
 def test_a_wrong_key_is_said_plainly(browser_page):
@@ -229,3 +232,38 @@ def test_docs_and_favicon_work_without_internet(browser):
         assert page.request.get(server.url + "/docs/swagger-ui/..%2Fapp.js").status == 404
     finally:
         context.close()
+
+
+def test_an_approval_shows_the_whole_call_escaped_before_it_can_be_approved(browser_page):
+    """The call's arguments are shown whole (they were cut at 400 characters, so a long
+    harmless-looking start hid what came after), with bidi and control characters escaped
+    as the command line escapes them; Approve works only once the call was scrolled to its
+    end."""
+    import json
+
+    from cogency.cli import visible
+
+    page, key, db, root = browser_page
+    page.fill("#key", key)
+    page.click("#save-key")
+    page.fill("#query", "write-long tidy.txt")
+    page.click("#send")
+    box = page.locator(".approval").last
+    shown = box.locator("pre.call")
+    expect(shown).to_contain_text("and then: touch pwned")
+    content = "Tidying notes… " + "." * 1600 + " \u202e and then: touch pwned"
+    call = {"path": "tidy.txt", "content": content}
+    text = shown.text_content()
+    assert "\u202e" not in text and "\\u202e and then: touch pwned" in text
+    arguments = json.dumps(call, ensure_ascii=False, separators=(",", ":"))
+    assert text == visible(f"file_write({arguments})", keep="")  # as the CLI escapes it
+    approve = box.locator("button.approve")
+    expect(approve).to_be_disabled()
+    expect(box.locator(".hint")).to_contain_text("Scroll to the end")
+    approve.click(force=True)  # a click on the disabled button decides nothing
+    assert not (root / "tidy.txt").exists()
+    shown.evaluate("element => { element.scrollTop = element.scrollHeight; }")
+    expect(approve).to_be_enabled()
+    approve.click()
+    expect(page.locator(".msg.assistant").last).to_contain_text("the tool said")
+    assert (root / "tidy.txt").read_text() == content

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -77,3 +78,159 @@ async def test_a_dead_holder_holds_nothing(any_store, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "held", done.stderr
     await any_store.hold_conversation(conversation, "alice", new_runner())
+
+
+async def _conversations_of(any_store, raw, user):
+    """Each conversation of ``user``: (its stored turns digest, the turns a chat client
+    shows of it: user messages and final answers, as stored)."""
+    found = {}
+    for (conversation_id, digest) in await raw(
+            "SELECT conversation_id, turns_digest FROM conversations WHERE user_id = ?", user):
+        stored = await any_store.load_messages(conversation_id, user)
+        shown = [(m["role"], m["content"]) for m in stored if m["role"] != "tool"
+                 and not m["content"].startswith('{"actions"')]
+        found[conversation_id] = (digest, shown)
+    return found
+
+
+async def test_every_append_keeps_the_digest_of_the_conversations_turns(any_store, raw):
+    """Queries and final answers (trimmed) make a conversation's turns, in order; tool steps
+    and results do not. The digest is kept by each append, the same on both stores, and one
+    lookup finds the newest conversation of the user with those turns."""
+    from cogency import Agent, tool
+    from cogency.storage.base import turns_digest
+    from cogency.testing import ScriptedLLM
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    script = ScriptedLLM([
+        {"actions": [{"name": "add", "args": {"a": 2, "b": 3}}]}, {"response": "  5\n"},
+        {"response": "you are welcome"}, {"response": "next answer"}, {"response": "again"},
+    ])
+    async with Agent(llm=script, tools=[add], store=any_store) as agent:
+        first = await agent.run("what is 2 + 3?", "alice")
+        await agent.run("thanks \x00", "alice", first.conversation_id)  # NUL: escaped on PG
+        resent = [("user", "older question"), ("assistant", " older answer ")]
+        async for _ in agent.stream("next", "alice", history=resent):
+            pass
+        async for _ in agent.stream("again", "bob", history=resent):
+            pass
+    conversations = await _conversations_of(any_store, raw, "alice")
+    assert len(conversations) == 2
+    for conversation_id, (digest, shown) in conversations.items():
+        assert digest == turns_digest(shown)
+        assert await any_store.find_conversation_by_turns("alice", digest) == conversation_id
+    assert conversations[first.conversation_id][1] == [
+        ("user", "what is 2 + 3?"), ("assistant", "  5\n"),
+        ("user", "thanks \x00"), ("assistant", "you are welcome")]
+    client = [("user", "what is 2 + 3?"), ("assistant", "5"), ("user", "thanks \x00"),
+              ("assistant", "you are welcome ")]  # as a chat client resends them
+    assert await any_store.find_conversation_by_turns(
+        "alice", turns_digest(client)) == first.conversation_id
+    assert await any_store.find_conversation_by_turns("alice", turns_digest(client[:2])) is None
+    # bob's conversation has the same turns as one of alice's: each finds only their own
+    bobs = await _conversations_of(any_store, raw, "bob")
+    [(bob_digest, _)] = bobs.values()
+    [alices] = [c for c, (_, shown) in conversations.items() if shown[0][1] == "older question"]
+    assert turns_digest(resent + [("user", "next"), ("assistant", "next answer")]) == \
+        conversations[alices][0]
+    assert await any_store.find_conversation_by_turns("bob", bob_digest) == next(iter(bobs))
+
+
+def test_opening_an_older_database_computes_its_conversations_digests(tmp_path):
+    import sqlite3
+
+    from cogency.storage.base import turns_digest
+    from cogency.storage.sqlite import SQLiteStore, migrate
+
+    path = tmp_path / "old.db"
+    connection = sqlite3.connect(path, isolation_level=None)
+    migrate(connection, upto="m010_idempotency_keys")
+    connection.execute("INSERT INTO user_profiles VALUES ('alice', '{}', '2026-01-01')")
+    connection.execute("INSERT INTO conversations (conversation_id, user_id, conversation_data, "
+                       "updated_at, message_count) VALUES ('c', 'alice', '{}', '2026-01-01', 4)")
+    for seq, (role, content) in enumerate([("user", "hi"), ("assistant", '{"actions": []}'),
+                                           ("tool", "{}"), ("assistant", "hello ")], 1):
+        connection.execute("INSERT INTO conversation_messages (conversation_id, seq, role, "
+                           "content, created_at) VALUES ('c', ?, ?, ?, '2026-01-01')",
+                           (seq, role, content))
+    connection.close()
+
+    async def find():
+        store = SQLiteStore(path)
+        try:
+            return await store.find_conversation_by_turns(
+                "alice", turns_digest([("user", "hi"), ("assistant", "hello")]))
+        finally:
+            await store.close()
+
+    assert asyncio.run(find()) == "c"
+
+
+async def test_an_idempotency_key_is_claimed_once_per_user_until_it_expires(any_store, raw):
+    from datetime import timedelta
+
+    from cogency import _time
+    from cogency.storage.base import RequestRecord
+
+    later = _time.now() + timedelta(hours=1)
+    first = RequestRecord("alice", "k", "request-1", later)
+    assert await any_store.claim_request(first) is None  # claimed
+    again = await any_store.claim_request(RequestRecord("alice", "k", "request-2", later))
+    assert again is not None and again.request == "request-1" and again.outcome is None
+    assert await any_store.claim_request(RequestRecord("bob", "k", "r", later)) is None
+    await any_store.settle_request("alice", "k", task_id="t", conversation_id="c")
+    await any_store.settle_request("alice", "k", outcome={"result": {"response": "hi \ud800"}})
+    done = await any_store.claim_request(first)
+    assert (done.task_id, done.conversation_id) == ("t", "c")
+    assert done.outcome == {"result": {"response": "hi \ud800"}}
+    # replace: an SDK's first attempt takes the key over
+    assert await any_store.claim_request(RequestRecord("alice", "k", "r3", later),
+                                         replace=True) is None
+    assert (await any_store.claim_request(first)).request == "r3"
+    await any_store.drop_request("alice", "k")
+    assert await any_store.claim_request(first) is None
+    # an expired key is claimed afresh
+    past = RequestRecord("carol", "old", "r", _time.now() - timedelta(seconds=1))
+    assert await any_store.claim_request(past) is None
+    assert await any_store.claim_request(RequestRecord("carol", "old", "new", later)) is None
+    assert await raw("SELECT request_hash FROM idempotency_keys WHERE user_id = 'carol'") == [
+        ("new",)]
+    # forgetting a user forgets their keys
+    await any_store.forget_user("alice")
+    assert await raw("SELECT COUNT(*) FROM idempotency_keys WHERE user_id = 'alice'") == [(0,)]
+    assert await raw("SELECT COUNT(*) FROM idempotency_keys WHERE user_id = 'bob'") == [(1,)]
+
+
+async def test_opening_an_older_postgres_database_computes_its_conversations_digests():
+    import pgutil
+
+    from cogency.storage import postgres
+    from cogency.storage.base import turns_digest
+
+    async with pgutil.fresh_database() as url:
+        import asyncpg
+
+        connection = await asyncpg.connect(url)
+        try:
+            await postgres.migrate(connection, upto="m010_idempotency_keys")
+            await connection.execute(
+                "INSERT INTO user_profiles VALUES ('alice', '{}', now());"
+                "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
+                "updated_at, message_count) VALUES ('c', 'alice', '{}', now(), 4);"
+                "INSERT INTO conversation_messages (conversation_id, seq, role, content, "
+                "created_at) VALUES ('c', 1, 'user', 'hi \ue0000', 'x'), "
+                "('c', 2, 'assistant', '{\"actions\": []}', 'x'), ('c', 3, 'tool', '{}', 'x'), "
+                "('c', 4, 'assistant', 'hello ', 'x')")
+        finally:
+            await connection.close()
+        store = postgres.PostgresStore(url)
+        try:
+            found = await store.find_conversation_by_turns(  # 'hi \ue0000' holds a NUL
+                "alice", turns_digest([("user", "hi \x00"), ("assistant", "hello")]))
+        finally:
+            await store.close()
+    assert found == "c"

@@ -47,6 +47,7 @@ from .storage.base import Store, new_runner
 from .tokens import count_tokens
 from .state.workspace import Workspace
 from .tools.base import Tool, Toolset, hide_store_files
+from .tools.rooms import Rooms
 
 _log = logging.getLogger(__name__)
 STOP_REASONS = (
@@ -126,6 +127,10 @@ class Agent:
     (``stop_reason="awaiting_approval"``, resumable with ``resume(approvals=...)``), ``True``
     allows them all, an async (or plain) callable of the call (a dict with ``id``, ``name``,
     ``args``, ``task_id``, ``user_id``) returns True to allow it, False to deny it.
+
+    ``root_per_user=True`` (for an agent that serves many users, as ``cogency serve`` does)
+    runs each user's tools that have a root (the files and shell tools) in a directory of
+    that user's own under it, made on first use; :meth:`forget` deletes it with the rest.
     """
 
     def __init__(
@@ -143,6 +148,7 @@ class Agent:
         history_tokens: int = DEFAULT_HISTORY_TOKENS,
         budgets: Budgets = Budgets(),
         approve: Policy = None,
+        root_per_user: bool = False,
     ) -> None:
         if not isinstance(max_iterations, int) or max_iterations < 1:
             raise UsageError("max_iterations must be a positive integer")
@@ -164,6 +170,8 @@ class Agent:
         self._owns_store = not _is_store(store)
         self.store: Store = cast(Store, store) if _is_store(store) else open_store(cast(str, store))
         hide_store_files(self.tools.values(), self.store)  # e.g. the shell sandbox hides them
+        self.rooms = Rooms(self.tools, lambda tools: hide_store_files(tools, self.store)) \
+            if root_per_user else None
         if memory is True:
             memory = Memory()
         self.memory: Memory | None = memory.bind(self.store, self.llm) if memory else None
@@ -262,7 +270,7 @@ class Agent:
             )
             return state, False
 
-        return self._drive(open_task, query, request=request)
+        return self._drive(open_task, user_id, query, request=request)
 
     def resume_stream(
         self, task_id: str, user_id: str = "default", *,
@@ -285,7 +293,7 @@ class Agent:
             state.epoch = await self.store.claim_task(task_id, user_id, runner)
             return state, True
 
-        return self._drive(open_task, approvals=approvals, results=results)
+        return self._drive(open_task, user_id, approvals=approvals, results=results)
 
     def run_sync(
         self, query: str, user_id: str = "default", conversation_id: str | None = None
@@ -307,6 +315,18 @@ class Agent:
         check_id(task_id, "task_id")
         check_id(user_id, "user_id")
         return await self.store.force_release(task_id, user_id)
+
+    async def forget(self, user_id: str) -> None:
+        """Erase everything stored about ``user_id`` (as ``Memory.forget``: profile,
+        conversations, messages, tasks; learning in flight is never stored) and, with
+        ``root_per_user``, the user's tool directories with all they hold."""
+        check_id(user_id, "user_id")
+        if self.memory is not None:
+            await self.memory.forget(user_id)
+        else:
+            await self.store.forget_user(user_id)
+        if self.rooms is not None:
+            await asyncio.to_thread(self.rooms.remove, user_id)
 
     async def close(self) -> None:
         """Stop the runs still in flight (each saves its task and releases it, as a
@@ -358,20 +378,22 @@ class Agent:
         return result
 
     def _drive(
-        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], query: str | None = None,
-        approvals: Mapping[str, bool] | None = None, *,
+        self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], user_id: str,
+        query: str | None = None, approvals: Mapping[str, bool] | None = None, *,
         request: ClientRequest | None = None, results: Mapping[str, Any] | None = None,
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
         return _EventStream(
-            lambda emit: self._execute(open_task, emit, query, approvals, request, results),
+            lambda emit: self._execute(open_task, emit, user_id, query, approvals, request,
+                                       results),
             self)
 
     async def _execute(
         self,
         open_task: Callable[[str], Awaitable[tuple[State, bool]]],
         emit: Callable[[Event], None],
+        user_id: str,
         query: str | None = None,
         approvals: Mapping[str, bool] | None = None,
         request: ClientRequest | None = None,
@@ -380,7 +402,7 @@ class Agent:
         await self.llm.start()  # e.g. learn the context window from the server
         window = self.llm.context_window
         runner = new_runner()
-        tools = await self._tools_for_run()
+        tools = await self._tools_for_run(user_id)
         if request is not None:  # a new task; a resumed one reads its request below
             tools = request.tools_with(tools)
         if query is not None:
@@ -623,11 +645,13 @@ class Agent:
         check_query_fits(count_tokens(query), count_tokens(system) + MESSAGE_TOKENS, window,
                          self.budgets.output)
 
-    async def _tools_for_run(self) -> dict[str, Tool]:
-        """The agent's tools and its toolsets' (an MCP server's, started on first use)."""
+    async def _tools_for_run(self, user_id: str) -> dict[str, Tool]:
+        """The agent's tools (in the user's own directories, with ``root_per_user``) and its
+        toolsets' (an MCP server's, started on first use)."""
+        own = self.tools if self.rooms is None else self.rooms.tools(user_id)
         if not self.toolsets:
-            return self.tools
-        tools = dict(self.tools)
+            return own
+        tools = dict(own)
         listings = await asyncio.gather(*(toolset.list_tools() for toolset in self.toolsets))
         for toolset, listing in zip(self.toolsets, listings):
             for item in listing:

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .tools.spec import TOOL_SETS, builtin_tools, mcp_servers
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-TOOL_SETS = ("files", "shell", "http")
 OUTPUT_CHARS = 400
 """A tool's output is cut to this on screen (the model and the database get all of it)."""
 ASK_CHARS = 2_000
@@ -216,14 +217,18 @@ def _add_profile(commands: Commands) -> None:
     profile = commands.add(
         "profile", "show or forget what is known of a user", _profile, "user",
         description="show: print what was learned about a user (read-only).\n"
-                    "forget: erase the user's profile, conversations, messages and tasks "
-                    "(asks first; --yes skips the question).",
+                    "forget: erase the user's profile, conversations, messages and tasks, "
+                    "and the directory their tools had under `cogency serve --root` (asks "
+                    "first; --yes skips the question).",
     )
     profile.add_argument("action", choices=["show", "forget"], help="show or forget")
     profile.add_argument("user_id", nargs="?", metavar="USER",
                          help="the user (default: --user, i.e. 'default')")
     profile.add_argument("--yes", "-y", action="store_true",
                          help="forget without asking for confirmation")
+    profile.add_argument("--root", metavar="DIR",
+                         help="forget also deletes the user's tools' directory under DIR, the "
+                              "--root of `cogency serve` (default: the current directory)")
 
 
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
@@ -433,17 +438,14 @@ async def _agent(args: argparse.Namespace, store: Any, llm: str | None, tools: s
     decides calls that need approval (``--yes`` allows them all; with neither, a task pauses
     at such a call)."""
     from .agent import Agent
-    from .errors import UsageError
     from .llm.resolve import resolve_llm
 
-    if args.read_only and mcp:
-        raise UsageError("--read-only cannot include --mcp servers (their tools may change "
-                         "anything); leave --mcp out")
+    servers = mcp_servers(mcp, read_only=args.read_only)
     model, owned = resolve_llm(llm)
     try:
         async with Agent(
             llm=model,
-            tools=[*builtin_tools(tools, root, read_only=args.read_only), *mcp_servers(mcp)],
+            tools=[*builtin_tools(tools, root, read_only=args.read_only), *servers],
             store=store,
             memory=memory and getattr(model, "learns", True),
             max_iterations=args.max_iterations,
@@ -584,43 +586,52 @@ async def _show_conversation(store: Any, conversation_id: str, args: argparse.Na
 
 async def _profile(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     from .state.state import check_id
+    from .tools.rooms import remove_user_directory, user_directory
 
     user = args.user_id or args.user
     check_id(user, "user")
     shown = repr(visible(user, keep=""))
+    folder = user_directory(Path(args.root or "."), user)  # from `cogency serve --root`
+    has_folder = args.action == "forget" and os.path.lexists(folder)
     store = _read_store(args)
-    if store is None:
-        print(f"nothing is stored about {shown}"
-              + ("; nothing to forget" if args.action == "forget" else ""))
-        return EXIT_OK
-    try:
-        profile = await store.load_profile(user)
-        conversations = await store.list_conversations(user)
-        tasks = await store.list_tasks(user)
-    finally:
-        await store.close()
+    profile, conversations, tasks = None, [], []
+    if store is not None:
+        try:
+            profile = await store.load_profile(user)
+            conversations = await store.list_conversations(user)
+            tasks = await store.list_tasks(user)
+        finally:
+            await store.close()
     if args.action == "show":
         if profile is None:
             print(f"nothing is stored about {shown}")
             return EXIT_OK
         _json_line(profile.to_dict(), indent=2)
         return EXIT_OK
-    if profile is None and not conversations and not tasks:
+    stored = profile is not None or bool(conversations) or bool(tasks)
+    if not stored and not has_folder:
         print(f"nothing is stored about {shown}; nothing to forget")
         return EXIT_OK
     messages = sum(item.message_count for item in conversations)
-    what = (f"the profile, {_count(len(conversations), 'conversation')} "
-            f"({_count(messages, 'message')}) and {_count(len(tasks), 'unfinished task')}")
+    parts = [f"the profile, {_count(len(conversations), 'conversation')} "
+             f"({_count(messages, 'message')}) and {_count(len(tasks), 'unfinished task')}"
+             ] if stored else []
+    if has_folder:
+        parts.append(f"their tools' directory {visible(str(folder))}")
+    what = " and ".join(parts)
     if not args.yes and not _confirm(f"erase everything stored about {shown}: {what}?"):
         print("nothing was erased")
         return EXIT_ERROR
-    from .memory import Memory
+    if stored:
+        from .memory import Memory
 
-    writable = _store(args)
-    try:
-        await Memory(store=writable).forget(user)
-    finally:
-        await writable.close()
+        writable = _store(args)
+        try:
+            await Memory(store=writable).forget(user)
+        finally:
+            await writable.close()
+    if has_folder:
+        await asyncio.to_thread(remove_user_directory, folder.parent, user)
     print(f"forgot {shown}: {what} deleted")
     return EXIT_OK
 
@@ -1063,51 +1074,6 @@ def read_query(query: str | None) -> str:
     if not text.strip():
         raise UsageError("the query read from standard input is empty")
     return text
-
-
-def builtin_tools(spec: str | None, root: Path, *, read_only: bool = False) -> list[Any]:
-    """The built-in tool sets named in ``spec`` ("files,shell,http"), confined to ``root``;
-    ``read_only`` keeps only tools that change nothing (no file writes, no shell)."""
-    from .errors import ConfigurationError, UsageError
-
-    tools: list[Any] = []
-    for name in [part.strip() for part in (spec or "").split(",") if part.strip()]:
-        if name not in TOOL_SETS:
-            raise UsageError(f"unknown tool set {name!r}: choose from {', '.join(TOOL_SETS)}")
-        if name == "shell" and read_only:
-            raise UsageError("--read-only cannot include the shell tool (a command can change "
-                             "anything); leave shell out of --tools")
-        try:
-            if name == "files":
-                from .tools.files import files_tools
-
-                tools.extend(files_tools(root, read_only=read_only))
-            elif name == "shell":
-                from .tools.shell import shell_tool
-
-                tools.append(shell_tool(root))
-            else:
-                from .tools.http import http_tool
-
-                tools.append(http_tool())
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"the {name!r} tools are not available in this version of cogency"
-            ) from exc
-    return tools
-
-
-def mcp_servers(specs: Sequence[str] | None) -> list[Any]:
-    """An ``MCPServer`` for each ``--mcp``: a command line (stdio) or an http(s) URL."""
-    if not specs:
-        return []
-    from .tools.mcp import MCPServer
-
-    return [
-        MCPServer(url=spec.strip()) if spec.strip().startswith(("http://", "https://"))
-        else MCPServer(spec)
-        for spec in specs
-    ]
 
 
 def _store(args: argparse.Namespace) -> Any:

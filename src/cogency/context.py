@@ -89,8 +89,10 @@ def prompt_messages(
 
     The messages of ``task_id`` (the newest, from its query on) come whole when they fit; if
     they do not, the query stays and the newest of the rest that fit follow it, the newest
-    tool result cut with a marker if it alone is too large. Older history fills what is left,
-    newest first. A query that cannot fit with the system message raises
+    tool result cut with a marker if it alone is too large. Older history fills what is left
+    with the newest whole turns that fit: it always begins with a user's message, never with
+    an answer or a tool result whose question was left out (of the window, or of this
+    prompt). A query that cannot fit with the system message raises
     :class:`ContextWindowError`. Tool calls and results appear as the model's own action
     message and a user message marked as tool data.
 
@@ -103,15 +105,16 @@ def prompt_messages(
     chats, count = history.chats, len(history)
     head: list[Message] = [{"role": "system", "content": system}]
     room = window - output
-    total = history.cost()
+    begin = _turn_start(history, 0, count)  # a window may begin inside a turn
+    total = history.cost(begin)
     # Tokens never outnumber UTF-8 bytes: when that bound leaves room for everything,
     # counting the system message (~250 µs) cannot change what is sent.
     if len(system.encode()) + MESSAGE_TOKENS + total <= room:
-        return [*head, *chats]
+        return [*head, *chats[begin:]]
     system_tokens = count_tokens(system) + MESSAGE_TOKENS
     budget = room - system_tokens
     if total <= budget:
-        return [*head, *chats]
+        return [*head, *chats[begin:]]
     start = count  # the task's own messages are the newest: from its query on
     while start and history[start - 1].get("task_id") == task_id:
         start -= 1
@@ -129,8 +132,17 @@ def prompt_messages(
             return [*head, chats[start], *rest]
         own = [chats[start], *rest]
         budget -= history.cost(start + 1)
-    # Older history, newest first, while it fits.
-    return [*head, *chats[history.newest_within(budget, 0, start):start], *own]
+    # Older history: the newest whole turns that fit.
+    older = _turn_start(history, history.newest_within(budget, begin, start), start)
+    return [*head, *chats[older:start], *own]
+
+
+def _turn_start(history: Sequence[dict[str, Any]], index: int, end: int) -> int:
+    """The first message from ``index`` on (before ``end``) that begins a turn: a user's
+    message (``end`` when none does). Only the few messages of one turn are looked at."""
+    while index < end and history[index]["role"] != "user":
+        index += 1
+    return index
 
 
 def check_query_fits(query_tokens: int, system_tokens: int, window: int, output: int) -> None:

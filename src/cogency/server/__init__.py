@@ -4,8 +4,10 @@ API keys map to users (:mod:`.keys`); every request is scoped to its key's user 
 (:mod:`.auth`); runs go through :class:`~cogency.Agent` and are followed live over
 Server-Sent Events (:mod:`.runs`, :mod:`.sse`); the native API is :mod:`.routes`, the
 OpenAI-compatible one :mod:`.openai_api`, the web page :mod:`.page`; every error becomes a
-status and a JSON body in :mod:`.errors`. Replicas are stateless: everything lives in the
-store, so many of them can serve one PostgreSQL database.
+status and a JSON body in :mod:`.errors` (written by :mod:`.wire`); ``cogency serve`` listens
+with the time limits and connection caps of :mod:`.transport`. Replicas are stateless:
+everything lives in the store (idempotency keys too), so many of them can serve one
+PostgreSQL database.
 
     from cogency.server import create_app       # an ASGI app (FastAPI)
 """

@@ -16,8 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..agent import Agent
 from . import errors, openai_api, page, routes
-from .errors import RequestTooLarge, error_body
+from .errors import RequestTooLarge, error_body, shown_path
 from .runs import Runs
+from .wire import Json
 
 log = logging.getLogger("cogency.server")
 
@@ -36,6 +37,14 @@ class Settings:
     """Origins a browser may call the API from; none (CORS off) unless configured."""
     grace: float = 30.0
     """Seconds a shutdown waits for runs in flight before saving them as resumable."""
+    header_timeout: float = 10.0
+    """Seconds a request's headers may take to arrive (``cogency serve``); then 408."""
+    body_timeout: float = 30.0
+    """Seconds a request's body may take to arrive after its headers; then 408."""
+    max_connections: int = 1000
+    """Connections ``cogency serve`` holds at once; one more gets 503 and is closed."""
+    max_connections_per_client: int = 100
+    """Connections from one address at once; one more gets 503 and is closed."""
 
 
 def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
@@ -54,6 +63,7 @@ def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # page.py serves /docs with Swagger UI from the package, not a CDN
         redoc_url=None,
+        default_response_class=Json,
     )
     app.state.store = agent.store
     app.state.runs = runs
@@ -81,8 +91,9 @@ def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
 
 class _Limits:
     """Refuses bodies over ``max_body`` bytes (413) and logs one line per request: method,
-    path, status and time. Never the query string, a header, or a body: no key, query or
-    answer reaches the log."""
+    path (percent-encoded: no character of it can break the line or drive a terminal),
+    status and time. Never the query string, a header, or a body: no key, query or answer
+    reaches the log."""
 
     def __init__(self, app: ASGIApp, max_body: int) -> None:
         self.app = app
@@ -132,7 +143,7 @@ class _Limits:
                                     (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
         finally:
-            log.info("%s %s %d %.1fms", scope["method"], scope["path"], status,
+            log.info("%s %s %d %.1fms", scope["method"], shown_path(scope["path"]), status,
                      (time.perf_counter() - began) * 1000)
 
     @property

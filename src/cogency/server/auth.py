@@ -4,21 +4,33 @@ route can read or write another user's rows (theirs look "not found")."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from ..memory.profile import Profile
-from ..storage.base import ConversationRecord, Store, TaskRecord
-from .errors import Unauthorized
+from ..storage.base import ConversationRecord, Store, TaskRecord, turns_digest
+from .errors import ServiceError, Unauthorized
 from .keys import authenticate
-from .runs import Run, Runs
+from .runs import Once, Run, Runs
 
 _bearer = HTTPBearer(auto_error=False, description="A key from `cogency keys create`.")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+IDEMPOTENCY_HEADER = "idempotency-key"
+RETRY_HEADER = "x-stainless-retry-count"
+"""Sent by the official OpenAI SDKs (and every SDK made with Stainless) on each attempt of a
+request: 0 first, then 1, 2 on its retries. They send no idempotency key of their own."""
+SDK_RETRY_SECONDS = 3600.0
+"""How long an SDK's request is remembered for its retries (they come within minutes)."""
+_KEY_CHARS = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,9 @@ class Caller:
     key_id: str
     _store: Store
     _runs: Runs
+    _path: str = ""
+    _idempotency_key: str | None = None
+    _attempt: str | None = None
 
     async def conversations(self, limit: int | None = None) -> list[ConversationRecord]:
         """Newest first (the ``limit`` newest)."""
@@ -36,6 +51,13 @@ class Caller:
 
     async def messages(self, conversation_id: str, limit: int) -> list[dict[str, Any]]:
         return await self._store.load_messages(conversation_id, self.user_id, limit=limit)
+
+    async def conversation_with_turns(self, turns: Sequence[tuple[str, str]]) -> str | None:
+        """The user's newest conversation whose turns are exactly ``turns`` (one lookup)."""
+        digest = turns_digest(turns)
+        if digest is None:
+            return None
+        return await self._store.find_conversation_by_turns(self.user_id, digest)
 
     async def tasks(self) -> list[TaskRecord]:
         return await self._store.list_tasks(self.user_id)
@@ -47,20 +69,40 @@ class Caller:
         return await self._store.load_profile(self.user_id)
 
     async def forget(self) -> None:
-        await self._store.forget_user(self.user_id)
+        """Everything of the user: what the store keeps, and their tools' directories."""
+        await self._runs.agent.forget(self.user_id)
+
+    def once(self, body: BaseModel) -> Once | None:
+        """How this request starts at most one run: by its ``Idempotency-Key``, or (sent by
+        an OpenAI SDK, which numbers its attempts) by the request itself, so an SDK's retry
+        gets the first attempt's run; ``None`` for a request with neither."""
+        text = f"{self._path}\n{body.model_dump_json()}"
+        request = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        if self._idempotency_key is not None:
+            if not _KEY_CHARS.match(self._idempotency_key):
+                raise ServiceError("the Idempotency-Key header must be 1 to 255 printable ASCII "
+                                   "characters (a UUID is a good one)")
+            key = hashlib.sha256(f"key\n{self._idempotency_key}".encode()).hexdigest()
+            return Once(key, request)
+        if self._attempt is not None and self._attempt.isdigit():
+            key = hashlib.sha256(f"sdk\n{request}".encode()).hexdigest()
+            return Once(key, request, replace=int(self._attempt) == 0, ttl=SDK_RETRY_SECONDS)
+        return None
 
     async def run(self, query: str, conversation_id: str | None,
                   history: Sequence[tuple[str, str]] = (),
-                  find: Callable[[], Awaitable[str | None]] | None = None) -> Run:
-        """A run as this user (``find``: see :meth:`.Runs.start`)."""
+                  find: Callable[[], Awaitable[str | None]] | None = None,
+                  once: Once | None = None) -> Run:
+        """A run as this user (``find``, ``once``: see :meth:`.Runs.start`)."""
         return await self._runs.start(
             self.user_id, self.key_id, query=query, conversation_id=conversation_id,
-            history=history, find=find,
+            history=history, find=find, once=once,
         )
 
-    async def resume(self, task_id: str, approvals: dict[str, bool] | None = None) -> Run:
+    async def resume(self, task_id: str, approvals: dict[str, bool] | None = None,
+                     once: Once | None = None) -> Run:
         return await self._runs.start(self.user_id, self.key_id, task_id=task_id,
-                                      approvals=approvals)
+                                      approvals=approvals, once=once)
 
 
 async def caller(
@@ -76,4 +118,5 @@ async def caller(
     if record is None:
         raise Unauthorized("this API key is not valid (unknown, mistyped or revoked)",
                            _CHALLENGE)
-    return Caller(record.user_id, record.key_id, state.store, state.runs)
+    return Caller(record.user_id, record.key_id, state.store, state.runs, request.url.path,
+                  request.headers.get(IDEMPOTENCY_HEADER), request.headers.get(RETRY_HEADER))

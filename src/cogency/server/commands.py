@@ -46,7 +46,20 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
                        help="runs one key may have in flight per replica (default: %(default)s)")
     serve.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                        help="on SIGTERM, how long runs in flight may finish before they are "
-                            "saved as resumable (default: %(default)s)")
+                            "saved as resumable, the whole shutdown's budget (default: "
+                            "%(default)s)")
+    serve.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="a request's headers must arrive within this (default: "
+                            "%(default)s); then 408")
+    serve.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="a request's body must arrive within this after its headers "
+                            "(default: %(default)s); then 408")
+    serve.add_argument("--max-connections", type=int, default=1000, metavar="N",
+                       help="connections held at once (default: %(default)s, at most what "
+                            "the open-file limit allows); one more gets 503")
+    serve.add_argument("--max-connections-per-client", type=int, default=100, metavar="N",
+                       help="connections from one address at once (default: %(default)s; "
+                            "raise it behind a proxy); one more gets 503")
     serve.set_defaults(handler=_serve)
 
     keys = commands.add_parser("keys", help="create, list and revoke API keys of `serve`")
@@ -125,8 +138,7 @@ async def _keys_revoke(args: argparse.Namespace, progress: dict[str, Any]) -> in
 
 async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     try:
-        import uvicorn
-
+        from . import transport
         from .app import Settings, create_app
     except ImportError as exc:
         raise ConfigurationError(
@@ -134,17 +146,28 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             "pip install 'cogency[serve]'"
         ) from exc
     from ..agent import Agent
-    from ..cli import builtin_tools, mcp_servers
     from ..storage import open_store
+    from ..tools.spec import builtin_tools, mcp_servers
 
+    for name in ("grace", "header_timeout", "body_timeout"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    for name in ("max_body", "max_query", "max_runs_per_key", "max_connections",
+                 "max_connections_per_client"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Each user's tools work in a directory of their own under --root (made on first use).
+    tools = [*builtin_tools(args.tools, Path(args.root or "."), read_only=args.read_only,
+                            many_users=True),
+             *mcp_servers(args.mcp, read_only=args.read_only)]
     store = open_store(args.db)
     try:
         await store.list_api_keys()  # reach (and migrate) the database before listening
-        tools = [*builtin_tools(args.tools, Path(args.root or ".")), *mcp_servers(args.mcp)]
         agent = Agent(llm=args.llm, tools=tools, store=store, memory=not args.no_memory,
-                      max_iterations=args.max_iterations)
+                      max_iterations=args.max_iterations, approve=True if args.yes else None,
+                      root_per_user=True)
         async with agent:
             start = getattr(agent.llm, "start", None)
             if start is not None:  # the offline model: load it before taking requests
@@ -153,37 +176,53 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
                 max_body=args.max_body, max_query=args.max_query,
                 max_runs_per_key=args.max_runs_per_key,
                 cors_origins=tuple(args.cors_origin), grace=args.grace,
+                header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                max_connections=_connection_cap(args.max_connections),
+                max_connections_per_client=args.max_connections_per_client,
             )
-            listener = _listen(args.host, args.port)
+            app = create_app(agent, settings)
+            listener = _listen(args.host, args.port, transport.BACKLOG)
             host, port = listener.getsockname()[:2]
-            config = uvicorn.Config(
-                create_app(agent, settings), log_config=None, access_log=False,
-                timeout_graceful_shutdown=args.grace, server_header=False,
-            )
             print(f"cogency serve: listening on http://{_url_host(host)}:{port} "
                   f"(model {agent.llm.name}, database {_where(store)}); API docs at /docs",
                   flush=True)
-            await _server_class()(config).serve(sockets=[listener])
+            await transport.serve(app, settings, listener,
+                                  drain=lambda: app.state.runs.shutdown(settings.grace))
     finally:
         await store.close()
     return 0
 
 
-def _server_class() -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """Stops on SIGTERM/SIGINT like uvicorn, without re-raising the signal afterwards:
-        the agent and the store still close, and the exit status is 0."""
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            self._captured_signals.clear()
-
-    return Server
+SPARE_FILES = 512
+"""File descriptors kept free of connections: for the database, the model, tools, and the
+connections accepted in a burst before the cap turns them away."""
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _connection_cap(wanted: int) -> int:
+    """``wanted``, or fewer when the open-file limit would run out first (each connection is
+    a file descriptor); the soft limit is raised to the hard one when that is needed."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted + SPARE_FILES:
+        target = hard if hard == resource.RLIM_INFINITY else min(hard, wanted + SPARE_FILES)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= wanted + SPARE_FILES:
+        return wanted
+    cap = max(soft - SPARE_FILES, 16)
+    logging.getLogger("cogency.server").warning(
+        "the open-file limit (%d) allows %d connections, not --max-connections %d", soft, cap,
+        wanted)
+    return cap
+
+
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket, bound before the server starts so a taken port is a clear error."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -195,7 +234,7 @@ def _listen(host: str, port: int) -> socket.socket:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(address)
-        listener.listen(2048)
+        listener.listen(backlog)
     except OSError as exc:
         listener.close()
         if exc.errno == errno.EADDRINUSE:

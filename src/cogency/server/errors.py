@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from .wire import Json
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
@@ -28,15 +29,21 @@ from ..errors import (
 log = logging.getLogger("cogency.server")
 
 
+NO_RETRY = {"x-should-retry": "false"}
+"""On every error told after a run started: the OpenAI SDKs (and others built on Stainless)
+obey it, where they would retry a 409 or 5xx twice and so run the agent twice more."""
+
+
 class ServiceError(CogencyError):
     """An error of the HTTP layer itself, with its status."""
 
     status = 400
     kind = "invalid_request"
+    default_headers: dict[str, str] | None = None
 
     def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.headers = headers
+        self.headers = headers if headers is not None else self.default_headers
 
 
 class Unsupported(ServiceError):
@@ -73,12 +80,40 @@ class RunFailed(ServiceError):
     """A run over without an answer (one that can be resumed) where one was required."""
 
     status, kind = 502, "run_failed"
+    default_headers = NO_RETRY
 
 
 class AwaitingApproval(ServiceError):
     """A run paused for a person's decision where an answer was required."""
 
     status, kind = 409, "awaiting_approval"
+    default_headers = NO_RETRY
+
+
+class RunError(ServiceError):
+    """A run's failure (``status``, ``kind``: as :func:`status_of` told it), reported after
+    the run started: never to be retried into a second run."""
+
+    default_headers = NO_RETRY
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+class StillRunning(ServiceError):
+    """A request with an idempotency key whose first request's run has not ended yet (here
+    or on another replica): retrying is safe, and gets that run's outcome once it is over."""
+
+    status, kind = 409, "in_progress"
+    default_headers = {"x-should-retry": "true", "Retry-After": "2"}
+
+
+class KeyReused(ServiceError):
+    """An idempotency key sent again with another request."""
+
+    status, kind = 422, "idempotency_key_reused"
+    default_headers = NO_RETRY
 
 
 # Most specific first: the first class that matches decides.
@@ -91,6 +126,13 @@ _STATUS: tuple[tuple[type[CogencyError], int, str], ...] = (
     (StorageError, 500, "storage_error"),
     (LLMError, 502, "model_error"),
 )
+
+
+def shown_path(path: str) -> str:
+    """A request's path for the log: percent-encoded as on the wire (controls, spaces,
+    newlines and non-ASCII included), so one request is one line whatever it asked for."""
+    shown = quote(path[:1000], safe="/:@!$&'()*+,;=-._~")
+    return shown if len(path) <= 1000 else f"{shown}…({len(path)} characters)"
 
 
 def status_of(exc: CogencyError) -> tuple[int, str]:
@@ -117,29 +159,30 @@ def openai_body(status: int, kind: str, message: str, param: str | None = None
 
 def respond(request: Request, status: int, kind: str, message: str, *,
             param: str | None = None, headers: dict[str, str] | None = None,
-            **extra: Any) -> JSONResponse:
+            **extra: Any) -> Json:
     """The error response: OpenAI's shape under ``/v1``, the service's own elsewhere."""
     if request.url.path.startswith("/v1/"):
-        return JSONResponse(openai_body(status, kind, message, param), status, headers=headers)
+        return Json(openai_body(status, kind, message, param), status, headers=headers)
     if param is not None:
         extra["param"] = param
-    return JSONResponse(error_body(kind, message, **extra), status, headers=headers)
+    return Json(error_body(kind, message, **extra), status, headers=headers)
 
 
 def install(app: Any) -> None:
     """Register the handlers that turn every error into a JSON body."""
 
     @app.exception_handler(CogencyError)
-    async def cogency_error(request: Request, exc: CogencyError) -> JSONResponse:
+    async def cogency_error(request: Request, exc: CogencyError) -> Json:
         status, kind = status_of(exc)
         if status >= 500:
-            log.warning("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
+            log.warning("%s %s failed: %s", request.method, shown_path(request.url.path),
+                        type(exc).__name__)
         headers = exc.headers if isinstance(exc, ServiceError) else None
         return respond(request, status, kind, str(exc), headers=headers,
                        param=getattr(exc, "param", None))
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> Json:
         problems = [
             {"where": ".".join(str(part) for part in error.get("loc", ())),
              "problem": str(error.get("msg", ""))}
@@ -153,13 +196,13 @@ def install(app: Any) -> None:
         return respond(request, 422, "invalid_request", message, details=problems)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Json:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return respond(request, exc.status_code, kind, str(exc.detail),
                        headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("%s %s: unexpected %s", request.method, request.url.path,
+    async def unexpected(request: Request, exc: Exception) -> Json:
+        log.error("%s %s: unexpected %s", request.method, shown_path(request.url.path),
                   type(exc).__name__, exc_info=exc)
         return respond(request, 500, "internal", "internal server error")

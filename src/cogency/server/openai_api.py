@@ -7,16 +7,20 @@ Which Cogency conversation a request continues:
   (its id carries the conversation's id, so this survives restarts and works on any replica);
 - either endpoint: ``metadata: {"conversation_id": ID}`` continues that conversation;
 - ``/v1/chat/completions`` naming none, with earlier turns (what a chat UI resends): the
-  conversation whose stored text is those turns, in order (the user's queries and Cogency's
-  final answers, each compared without leading and trailing whitespace; tool calls and
-  results are not turns), sought among the key's user's ``RECENT`` most recently updated
-  conversations, the newest match first, reading at most ``READ`` stored messages (once the
-  key's run slot is taken: a busy key's request costs no reads). Turns that match none
-  (edited, regenerated, older, or from elsewhere) start a new conversation that stores them
-  first, so the model has the context the client shows (never another conversation's, and
-  never none);
-- otherwise a new conversation, whose id the reply carries (``conversation_id`` at the top
-  level and in ``metadata``, and the ``X-Cogency-Conversation-Id`` header).
+  user's most recently updated conversation whose turns are exactly those, in order (the
+  user's queries and Cogency's final answers, each compared without leading and trailing
+  whitespace; tool calls and results are not turns), found by one indexed lookup of a digest
+  of them (the store keeps each conversation's). Turns that match none (edited, regenerated,
+  or from elsewhere) start a new conversation that stores them first, so the model has the
+  context the client shows (the newest whole turns that fit the history window; never
+  another conversation's);
+- otherwise a new conversation, whose id (made by the server) the reply carries
+  (``conversation_id`` at the top level and in ``metadata``, and the
+  ``X-Cogency-Conversation-Id`` header, percent-encoded where it holds anything but ASCII
+  letters, digits and ``-._~``).
+
+A conversation a client names must be one of its user's (404 otherwise, as for one that
+does not exist): clients never choose the id of a new conversation.
 
 Cogency keeps each conversation's history itself: the query is the last user message, and
 earlier messages a client resends for a stored conversation are not sent to the model
@@ -30,13 +34,12 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
-import json
 import time
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import NotFoundError
@@ -44,17 +47,13 @@ from . import sse
 from .auth import Caller, caller
 from .errors import AwaitingApproval, ModelNotFound, RunFailed, Unsupported, openai_body
 from .runs import Run
+from .wire import Json, dumps
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(caller)], tags=["openai"])
 
 MODEL = "cogency"
 """The id ``/v1/models`` lists: the served agent (whatever model it reasons with)."""
 _HEADER = "X-Cogency-Conversation-Id"
-RECENT = 50
-"""How many of the user's newest conversations a resent chat history is matched against."""
-READ = 2_000
-"""The most stored messages one request reads to match its resent history; a conversation
-longer than what is left of it is not compared."""
 MAX_MESSAGES = 500
 """The most messages a chat request may carry (each resent turn is compared and may be stored)."""
 
@@ -107,11 +106,12 @@ async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> A
     if conversation is None:  # resent turns: the conversation they are, or a new one's start
         history = [(m["role"], _text(m.get("content"), "messages")) for m in body.messages[:-1]]
     run = await me.run(query, conversation, history,
-                       find=(lambda: _resent(me, history)) if history else None)
+                       find=(lambda: me.conversation_with_turns(history)) if history else None,
+                       once=me.once(body))
     created = int(time.time())
     if body.stream:
         each, end = _chat_chunks(run, created, include_usage)
-        return sse.response(run, each, end, {_HEADER: run.conversation_id})
+        return sse.response(run, each, end, _header(run.conversation_id))
     result = await _finished(run)
     completion = {
         "id": f"chatcmpl-{result['task_id']}",
@@ -148,11 +148,11 @@ async def responses(body: ResponsesRequest, me: Caller = Depends(caller)) -> Any
             "input holds earlier turns but names no conversation: Cogency keeps the history "
             "itself; continue with previous_response_id (or metadata.conversation_id), or "
             "send only the new user message", "input")
-    run = await me.run(query, conversation)
+    run = await me.run(query, conversation, once=me.once(body))
     created = int(time.time())
     if body.stream:
         each, end = _response_events(run, created, body)
-        return sse.response(run, each, end, {_HEADER: run.conversation_id})
+        return sse.response(run, each, end, _header(run.conversation_id))
     result = await _finished(run)
     return _with_header(_response_object(result, created, body, "completed"),
                         result["conversation_id"])
@@ -210,50 +210,6 @@ def _query(items: list[dict[str, Any]], where: str) -> str:
     return query
 
 
-async def _resent(me: Caller, turns: list[tuple[str, str]]) -> str | None:
-    """The conversation of ``me``'s ``RECENT`` newest whose turns are ``turns``, if any,
-    reading at most ``READ`` messages.
-
-    Cheap first: a conversation with fewer messages than ``turns``, or whose newest message
-    is a turn other than the last of ``turns``, is passed over unread."""
-    turns = [(role, text.strip()) for role, text in turns]  # UIs trim what they show
-    left = READ
-    for record in await me.conversations(limit=RECENT):
-        if not len(turns) <= record.message_count < left:
-            continue  # too short to be them, or longer than this request may still read
-        try:
-            newest = await me.messages(record.conversation_id, limit=1)
-            left -= len(newest)
-            if newest and _turn(newest[-1]) not in (None, turns[-1]):
-                continue
-            stored = await me.messages(record.conversation_id, limit=record.message_count)
-            left -= len(stored)
-        except NotFoundError:  # forgotten meanwhile
-            continue
-        if [turn for turn in map(_turn, stored) if turn is not None] == turns:
-            return record.conversation_id
-    return None
-
-
-def _turn(message: dict[str, Any]) -> tuple[str, str] | None:
-    """A stored message as a chat client shows it: a user query or a final answer (None for
-    tool results and for the assistant steps that call tools)."""
-    role, content = message["role"], message["content"]
-    if role == "user" or (role == "assistant" and not _is_step(content)):
-        return role, content.strip()
-    return None
-
-
-def _is_step(content: str) -> bool:
-    if not content.startswith('{"actions"'):
-        return False
-    try:
-        step = json.loads(content)
-    except ValueError:
-        return False
-    return isinstance(step, dict) and list(step) == ["actions"]
-
-
 def _response_id(conversation_id: str, task_id: str) -> str:
     token = base64.urlsafe_b64encode(conversation_id.encode()).decode().rstrip("=")
     return f"resp_{token}.{task_id.replace('-', '')}"
@@ -276,11 +232,7 @@ def _conversation_of(response_id: str) -> str:
 
 
 async def _finished(run: Run) -> dict[str, Any]:
-    assert run.task is not None
-    await run.task
-    if run.failure is not None:
-        raise run.failure
-    result = run.summary()
+    result = await run.finished()
     if result["response"] is None:
         raise _unanswered(result)
     return result
@@ -305,13 +257,18 @@ def _chat_usage(result: dict[str, Any]) -> dict[str, int]:
             "total_tokens": usage["input_tokens"] + usage["output_tokens"]}
 
 
-def _with_header(payload: dict[str, Any], conversation_id: str) -> JSONResponse:
-    return JSONResponse(payload, headers={_HEADER: conversation_id})
+def _header(conversation_id: str) -> dict[str, str]:
+    """The conversation's id as a header (percent-encoded: any id fits in one)."""
+    return {_HEADER: quote(conversation_id, safe="-._~")}
+
+
+def _with_header(payload: dict[str, Any], conversation_id: str) -> Json:
+    return Json(payload, headers=_header(conversation_id))
 
 
 def _data(payload: Any, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+    return f"{head}data: {dumps(payload)}\n\n".encode()
 
 
 def _answered(run: Run) -> bool:

@@ -32,7 +32,8 @@ _STREAM: dict[int | str, dict[str, Any]] = {
 class RunRequest(BaseModel):
     query: str = Field(min_length=1, description="What to ask the agent.")
     conversation_id: str | None = Field(
-        None, description="Continue this conversation (yours); a new one when absent."
+        None, description="Continue this conversation: one of yours (404 otherwise); a new "
+                          "one, with an id the server makes, when absent."
     )
     stream: bool = Field(False, description="Answer with the run's events as SSE.")
 
@@ -112,11 +113,7 @@ class Forgotten(BaseModel):
 async def _answer(run: Run, stream: bool) -> RunResult | StreamingResponse:
     if stream:
         return sse.response(run)
-    assert run.task is not None
-    await run.task
-    if run.failure is not None:
-        raise run.failure
-    return RunResult.model_validate(run.summary())
+    return RunResult.model_validate(await run.finished())
 
 
 @router.post("/runs", response_model=RunResult, responses=_STREAM, summary="Start a run")
@@ -125,8 +122,11 @@ async def start_run(
 ) -> RunResult | StreamingResponse:
     """Run the agent on `query`; wait for its result, or follow it live with `stream: true`.
 
-    One run at a time per conversation: while one is in flight, another gets 409."""
-    return await _answer(await me.run(body.query, body.conversation_id), body.stream)
+    One run at a time per conversation: while one is in flight, another gets 409. With an
+    `Idempotency-Key` header, the same key (within 24 h) gets the run the first request
+    started, never a second run."""
+    run = await me.run(body.query, body.conversation_id, once=me.once(body))
+    return await _answer(run, body.stream)
 
 
 @router.post("/tasks/{task_id}/resume", response_model=RunResult, responses=_STREAM,
@@ -134,7 +134,8 @@ async def start_run(
 async def resume_task(
     task_id: str, body: ResumeRequest | None = None, me: Caller = Depends(caller)
 ) -> RunResult | StreamingResponse:
-    return await _answer(await me.resume(task_id), bool(body and body.stream))
+    body = body or ResumeRequest()
+    return await _answer(await me.resume(task_id, once=me.once(body)), body.stream)
 
 
 @router.get("/tasks", response_model=list[TaskOut], summary="Your unfinished tasks")
@@ -160,7 +161,8 @@ async def decide(
 ) -> RunResult | StreamingResponse:
     """Allowed calls run (once), denied ones give the model a "denied by the user" result,
     then the task goes on."""
-    return await _answer(await me.resume(task_id, body.decisions), body.stream)
+    return await _answer(await me.resume(task_id, body.decisions, once=me.once(body)),
+                         body.stream)
 
 
 @router.get("/conversations", response_model=list[ConversationOut],

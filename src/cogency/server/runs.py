@@ -14,15 +14,40 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
+from .. import _time
 from ..agent import Agent, AgentResult
-from ..errors import CogencyError
-from ..storage.base import new_runner
-from .errors import RequestTooLarge, ShuttingDown, TooManyRuns, status_of
+from ..errors import CogencyError, NotFoundError
+from ..events import Approval, End, Response, Start
+from ..state.state import check_id
+from ..storage.base import RequestRecord, new_runner
+from .errors import (
+    KeyReused,
+    RequestTooLarge,
+    RunError,
+    ShuttingDown,
+    StillRunning,
+    TooManyRuns,
+    status_of,
+)
 
 log = logging.getLogger("cogency.server")
+
+
+@dataclass(frozen=True)
+class Once:
+    """A request that starts at most one run, whoever sends it again (a client's retry):
+    ``key`` and ``request`` are SHA-256 hex digests of its idempotency key and of the request
+    itself; ``replace`` takes the key over from an older request (the first attempt of an
+    SDK's request, whose key is the request itself); ``ttl`` seconds it is remembered."""
+
+    key: str
+    request: str
+    replace: bool = False
+    ttl: float = 24 * 3600.0
 
 
 class Run:
@@ -33,11 +58,34 @@ class Run:
         self.conversation_id = conversation_id
         self.task_id: str | None = None
         self.events: list[dict[str, Any]] = []
-        self.result: AgentResult | None = None
+        self.result: dict[str, Any] | None = None
+        """The result as the API returns it (:meth:`summary`), once the run ended with one."""
         self.failure: BaseException | None = None
         self.done = False
         self._changed = asyncio.Condition()
         self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def replayed(cls, record: RequestRecord) -> Run:
+        """The run a request with an idempotency key started, over, as its outcome was
+        stored: its result (with the events that tell it: start, response, approvals, end),
+        or its failure."""
+        assert record.outcome is not None
+        run = cls("", record.conversation_id or "")
+        run.task_id = task = record.task_id or ""
+        run.events.append(Start(task, run.conversation_id).to_dict())
+        if "result" in record.outcome:
+            result = run.result = record.outcome["result"]
+            if result["response"] is not None:
+                run.events.append(Response(task, result["response"]).to_dict())
+            run.events += [Approval(task, call["id"], call["name"], call["args"]).to_dict()
+                           for call in result["pending_approvals"]]
+            run.events.append(End(task, result["stop_reason"], result["iterations"]).to_dict())
+        else:
+            error = record.outcome["error"]
+            run.failure = RunError(error["status"], error["kind"], error["message"])
+        run.done = True
+        return run
 
     async def publish(self, event: dict[str, Any] | None) -> None:
         """Add an event for the followers (``None`` only wakes them: the run is done)."""
@@ -52,6 +100,16 @@ class Run:
             await self._changed.wait_for(lambda: bool(self.events) or self.done)
         if not self.events and self.failure is not None:
             raise self.failure
+
+    async def finished(self) -> dict[str, Any]:
+        """Wait for the end; the result, or the failure as a :class:`RunError` (told after the
+        run started, so no client retries it into another run)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.done)
+        if self.failure is not None:
+            raise RunError(*self.problem())
+        assert self.result is not None
+        return self.result
 
     async def follow(self, heartbeat: float = 15.0) -> AsyncIterator[dict[str, Any] | None]:
         """Every event from the first, live; ``None`` when nothing happened for ``heartbeat``
@@ -92,20 +150,30 @@ class Run:
     def summary(self) -> dict[str, Any]:
         """The result as the API returns it."""
         assert self.result is not None
-        result = self.result
-        return {
-            "task_id": result.task_id,
-            "conversation_id": result.conversation_id,
-            "response": result.response,
-            "stop_reason": result.stop_reason,
-            "iterations": result.iterations,
-            "usage": asdict(result.usage),
-            "error": result.error,
-            "pending_approvals": [
-                {"id": call["id"], "name": call["name"], "args": call.get("args", {})}
-                for call in result.pending_approvals
-            ],
-        }
+        return self.result
+
+    def outcome(self) -> dict[str, Any]:
+        """What a retry of the request that started this run is answered (stored as JSON)."""
+        if self.failure is not None:
+            status, kind, message = self.problem()
+            return {"error": {"status": status, "kind": kind, "message": message}}
+        return {"result": self.summary()}
+
+
+def _summary(result: AgentResult) -> dict[str, Any]:
+    return {
+        "task_id": result.task_id,
+        "conversation_id": result.conversation_id,
+        "response": result.response,
+        "stop_reason": result.stop_reason,
+        "iterations": result.iterations,
+        "usage": asdict(result.usage),
+        "error": result.error,
+        "pending_approvals": [
+            {"id": call["id"], "name": call["name"], "args": call.get("args", {})}
+            for call in result.pending_approvals
+        ],
+    }
 
 
 class Runs:
@@ -117,6 +185,8 @@ class Runs:
         self.max_query = max_query
         self._per_key: Counter[str] = Counter()
         self._live: set[Run] = set()
+        self._keyed: dict[tuple[str, str], Run] = {}
+        """Runs in flight here that a request with an idempotency key started."""
         self._closing = False
 
     def __len__(self) -> int:
@@ -133,14 +203,22 @@ class Runs:
         approvals: dict[str, bool] | None = None,
         history: Sequence[tuple[str, str]] = (),
         find: Callable[[], Awaitable[str | None]] | None = None,
+        once: Once | None = None,
     ) -> Run:
         """Start a new run (``query``, after storing ``history`` as ``Agent.stream`` does) or
         resume ``task_id`` (deciding the calls it waits for with ``approvals``); returns once
         it has begun.
 
-        ``find``, for a ``history`` resent without a conversation id, names the stored
-        conversation that it is (continued instead of storing ``history`` again) or None. It
-        is called only once the key's slot is taken: a key at its limit costs no reads.
+        ``conversation_id`` is one the client named: it must be one of the user's (the
+        service makes the ids of new conversations). ``find``, for a ``history`` resent
+        without one, names the stored conversation that it is (continued instead of storing
+        ``history`` again) or None; it is called only once the key's slot is taken, so a key
+        at its limit costs no reads.
+
+        With ``once``, a request sent again (the same idempotency key) gets the run the
+        first one started: that run itself while it is in flight here, its stored outcome
+        once over (on any replica, after a restart), :class:`StillRunning` while it runs on
+        another replica; never a second run.
 
         Errors before the run begins (a bad id, another user's conversation or task, a
         conversation with a run in flight, too many runs) are raised here.
@@ -158,23 +236,81 @@ class Runs:
                 "allows; wait for one to end"
             )
         self._per_key[key_id] += 1  # taken before any await: concurrent requests see it
+        claimed = False
         try:
+            if once is not None:
+                earlier = await self._claim(user_id, once)
+                if earlier is not None:
+                    self._release_slot(key_id)
+                    return earlier
+                claimed = True
+            if conversation_id is not None:
+                await self._check_named(conversation_id, user_id)
             if find is not None and conversation_id is None:
                 conversation_id = await find()
                 if conversation_id is not None:
                     history = ()  # stored already
             run = await self._open(key_id, user_id, query, conversation_id, task_id, history,
-                                   approvals)
+                                   approvals, once)
         except BaseException:
             self._release_slot(key_id)
+            if claimed:
+                assert once is not None
+                await self._forget_claim(user_id, once)
             raise
         await run.started()
+        if once is not None and run.task_id is not None:
+            try:
+                await self.agent.store.settle_request(user_id, once.key, task_id=run.task_id,
+                                                      conversation_id=run.conversation_id)
+            except Exception as exc:  # noqa: BLE001 - the outcome is recorded at the end
+                log.warning("could not record an idempotency key's run: %s", type(exc).__name__)
         return run
+
+    async def _claim(self, user_id: str, once: Once) -> Run | None:
+        """None once ``once``'s key is this request's; else the run an earlier request with
+        it started (or the error that says where it stands)."""
+        expires = _time.now() + timedelta(seconds=once.ttl)
+        record = RequestRecord(user_id, once.key, once.request, expires)
+        earlier = await self.agent.store.claim_request(record, replace=once.replace)
+        if earlier is None:
+            return None
+        if earlier.request != once.request:
+            raise KeyReused("this Idempotency-Key was sent before with another request; use a "
+                            "new key for a new request")
+        if earlier.outcome is not None:
+            return Run.replayed(earlier)
+        live = self._keyed.get((user_id, once.key))
+        if live is not None:
+            return live
+        task = f" (task {earlier.task_id})" if earlier.task_id else ""
+        raise StillRunning(
+            f"the run this request started before{task} has not ended: retry to get its "
+            "outcome; if its server stopped, its task is unfinished (GET /api/tasks lists it, "
+            "POST /api/tasks/TASK_ID/resume continues it)")
+
+    async def _forget_claim(self, user_id: str, once: Once) -> None:
+        try:
+            await asyncio.shield(self.agent.store.drop_request(user_id, once.key))
+        except Exception as exc:  # noqa: BLE001 - the key answers "in progress" till it expires
+            log.warning("could not drop an idempotency key: %s", type(exc).__name__)
+
+    async def _check_named(self, conversation_id: str, user_id: str) -> None:
+        """A conversation a client names must be one of the user's: new ones get ids made
+        here, so no client can take an id before its owner does."""
+        check_id(conversation_id, "conversation_id")
+        try:
+            await self.agent.store.load_conversation(conversation_id, user_id)
+        except NotFoundError:
+            raise NotFoundError(
+                f"no conversation {conversation_id[:80]!r} among yours (GET /api/conversations "
+                "lists them; leave the id out to start a new conversation)"
+            ) from None
 
     async def _open(self, key_id: str, user_id: str, query: str | None,
                     conversation_id: str | None, task_id: str | None,
                     history: Sequence[tuple[str, str]],
-                    approvals: dict[str, bool] | None) -> Run:
+                    approvals: dict[str, bool] | None, once: Once | None) -> Run:
         store = self.agent.store
         if task_id is not None:
             # checks the ids first
@@ -189,15 +325,18 @@ class Runs:
         await store.hold_conversation(conversation_id, user_id, runner)
         run = Run(key_id, conversation_id)
         self._live.add(run)
-        run.task = asyncio.create_task(self._drive(run, events, runner))
+        if once is not None:
+            self._keyed[(user_id, once.key)] = run
+        run.task = asyncio.create_task(self._drive(run, events, runner, user_id, once))
         return run
 
-    async def _drive(self, run: Run, events: Any, runner: str) -> None:
+    async def _drive(self, run: Run, events: Any, runner: str, user_id: str,
+                     once: Once | None) -> None:
         try:
             async for event in events:
                 run.task_id = run.task_id or event.task_id
                 await run.publish(event.to_dict())
-            run.result = events.result
+            run.result = _summary(events.result)
         except Exception as exc:  # the run's error belongs to its followers
             run.failure = exc
             if not isinstance(exc, CogencyError):
@@ -206,22 +345,43 @@ class Runs:
             # Cancelled by a shutdown, or KeyboardInterrupt, SystemExit: the process stops.
             # The agent saved and released the task (as on any exception); the followers are
             # told so, and the stop goes on up, never swallowed as this run's error.
+            task = run.task_id or "TASK_ID"
             run.failure = ShuttingDown(
-                "the server shut down during this run; its task was saved: resume it"
+                f"the server shut down during this run; its task {task} was saved: resume it "
+                f"with POST /api/tasks/{task}/resume (on any replica)"
             )
             raise
         finally:
             try:
-                await asyncio.shield(
-                    self.agent.store.release_conversation(run.conversation_id, runner)
-                )
-            except Exception as exc:  # noqa: BLE001 - the hold dies with this process anyway
-                log.warning("could not release a conversation: %s", type(exc).__name__)
+                await asyncio.shield(self._settle(run, runner, user_id, once))
             finally:  # also when a second cancellation cuts the release short
                 self._live.discard(run)
+                if once is not None and self._keyed.get((user_id, once.key)) is run:
+                    del self._keyed[(user_id, once.key)]
                 self._release_slot(run.key_id)
                 run.done = True
                 await run.publish(None)
+
+    async def _settle(self, run: Run, runner: str, user_id: str, once: Once | None) -> None:
+        """Let the conversation go, and store the outcome for the idempotency key (if any),
+        before the followers hear the run is over."""
+        store = self.agent.store
+        try:
+            await store.release_conversation(run.conversation_id, runner)
+        except Exception as exc:  # noqa: BLE001 - the hold dies with this process anyway
+            log.warning("could not release a conversation: %s", type(exc).__name__)
+        if once is None:
+            return
+        if not run.events:  # it failed before it began: nothing ran, a retry may run it
+            await self._forget_claim(user_id, once)
+            return
+        try:
+            await store.settle_request(user_id, once.key, task_id=run.task_id,
+                                       conversation_id=run.conversation_id,
+                                       outcome=run.outcome())
+        except Exception as exc:  # noqa: BLE001 - retries then hear "in progress" until expiry
+            log.warning("could not record a run's outcome for its idempotency key: %s",
+                        type(exc).__name__)
 
     def _release_slot(self, key_id: str) -> None:
         self._per_key[key_id] -= 1
@@ -230,7 +390,8 @@ class Runs:
 
     async def shutdown(self, grace: float) -> None:
         """Let runs in flight finish for ``grace`` seconds, then cancel the rest (each saves
-        its task, which stays resumable). No new run starts meanwhile."""
+        its task, which stays resumable, and its followers are told so). No new run starts
+        meanwhile."""
         self._closing = True
         tasks = [run.task for run in self._live if run.task is not None]
         if not tasks:

@@ -8,13 +8,13 @@ fails midway ends with its fatal ``error`` event (:meth:`.Run.follow`).
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from .runs import Run
+from .wire import dumps
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _KEEP_ALIVE = b": keep-alive\n\n"
@@ -28,7 +28,7 @@ End = Callable[[], Iterable[bytes]]
 def record(event: dict[str, Any], event_id: int | None = None) -> bytes:
     """One SSE record. ``data`` is one line of JSON (newlines inside strings are escaped)."""
     head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+    return f"{head}event: {event['type']}\ndata: {dumps(event)}\n\n".encode()
 
 
 def _numbered() -> Format:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import unicodedata
 import uuid
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ DEFAULT_HISTORY_TOKENS = 8_000
 """How much earlier conversation a task loads into ``execution.messages``."""
 
 ROLES = ("user", "assistant", "tool", "system")
+_COUNT_IN_A_THREAD = 50_000
+"""Characters of new messages whose tokens are counted off the event loop (other runs go on)."""
 MAX_ID_LENGTH = 256
 
 
@@ -112,8 +115,14 @@ class State:
                 raise UsageError("history holds (role, text) pairs, role 'user' or 'assistant'")
         # No task wrote the history: without a task id it is older context, never this
         # task's own messages (which come whole) nor mistaken for its query.
-        first = ([*(_message(state, role, text, task_id=None) for role, text in history),
-                  _message(state, "user", query)] if record_query else [])
+        def messages() -> list[dict[str, Any]]:
+            return [*(_message(state, role, text, task_id=None) for role, text in history),
+                    _message(state, "user", query)] if record_query else []
+
+        if sum(len(text) for _, text in history) + len(query) > _COUNT_IN_A_THREAD:
+            first = await asyncio.to_thread(messages)  # counting 1 MB of text takes ~0.25 s
+        else:
+            first = messages()
         record = await store.begin_task(
             TaskRecord(
                 task_id=state.task_id,

@@ -6,7 +6,7 @@ import hashlib
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -32,6 +32,8 @@ MIGRATION_NAMES = (
     "m007_service",
     "m008_task_settings",
     "m009_client_tool_calls",
+    "m010_idempotency_keys",
+    "m011_conversation_turns",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
 
@@ -126,6 +128,23 @@ class ApiKeyRecord:
     name: str = ""
     created_at: datetime | None = None
     revoked_at: datetime | None = None
+
+
+@dataclass
+class RequestRecord:
+    """One row of ``idempotency_keys``: a request of the HTTP service made with a key, the run
+    it started and (once over) what it was answered, so a retry gets that answer instead of
+    a second run. Scoped by ``user_id``; forgotten at ``expires_at``."""
+
+    user_id: str
+    key: str
+    """SHA-256 of the client's ``Idempotency-Key`` (or of the request, for an SDK's retries)."""
+    request: str
+    """SHA-256 of the request (method, path, body): a key reused for another one is refused."""
+    expires_at: datetime
+    task_id: str | None = None
+    conversation_id: str | None = None
+    outcome: dict[str, Any] | None = None
 
 
 @runtime_checkable
@@ -265,7 +284,58 @@ class Store(Protocol):
         """Give up a hold taken by ``runner`` (nothing happens if it holds none)."""
         ...
 
+    async def find_conversation_by_turns(self, user_id: str, digest: str) -> str | None:
+        """The user's most recently updated conversation whose turns (see :func:`turns_digest`)
+        have ``digest``, or ``None``: one indexed lookup, however long the conversations."""
+        ...
+
+    async def claim_request(self, record: RequestRecord, *, replace: bool = False
+                            ) -> RequestRecord | None:
+        """Store ``record`` unless its user has a live (unexpired) row with its key: then that
+        row is returned, and nothing is stored. ``replace`` stores it over a live row."""
+        ...
+
+    async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
+                             conversation_id: str | None = None,
+                             outcome: dict[str, Any] | None = None) -> None:
+        """Record on the key's row the run it started, or (``outcome``) how it ended."""
+        ...
+
+    async def drop_request(self, user_id: str, key: str) -> None:
+        """Delete the key's row (its request started no run, so it may be sent again)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+# -- the turns of a conversation, as a chat client shows them -----------------------------------
+#
+# A conversation's row keeps a digest of its turns (migration m011_conversation_turns): the
+# user's queries and the agent's final answers, in order, each without surrounding whitespace;
+# tool results and the steps that call tools are not turns (a chat client never sees them). It
+# is chained turn by turn, so each append adds to it in the same transaction (on PostgreSQL in
+# the same statement, by the function cogency_chain_turns), and a history a client resends
+# finds its conversation by one indexed lookup (Store.find_conversation_by_turns).
+
+
+def turn_hash(role: str, content: str) -> str | None:
+    """What a message adds to its conversation's turns digest (``None``: it is no turn)."""
+    if role == "user" or (role == "assistant" and not content.startswith('{"actions"')):
+        text = f"{role}\n{content.strip()}"
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return None
+
+
+def chain_turns(digest: str | None, hashes: Iterable[str]) -> str | None:
+    """``digest`` with the turns of ``hashes`` added in order (``None``: no turn yet)."""
+    for piece in hashes:
+        digest = hashlib.sha256(((digest or "") + piece).encode()).hexdigest()
+    return digest
+
+
+def turns_digest(turns: Iterable[tuple[str, str]]) -> str | None:
+    """The digest of a conversation whose messages are ``turns`` (role, text), in order."""
+    return chain_turns(None, (h for role, text in turns if (h := turn_hash(role, text))))
 
 
 def busy_conversation(conversation_id: str) -> str:

@@ -40,6 +40,7 @@ from .base import (
     MIGRATION_NAMES,
     ApiKeyRecord,
     ConversationRecord,
+    RequestRecord,
     SaveBatch,
     TaskRecord,
     APPROVAL_COLUMNS,
@@ -48,6 +49,7 @@ from .base import (
     check_decisions,
     api_key_record,
     busy_conversation,
+    chain_turns,
     conflict,
     conversation_record,
     decode,
@@ -63,6 +65,7 @@ from .base import (
     task_record,
     task_running,
     too_new,
+    turn_hash,
 )
 
 if TYPE_CHECKING:
@@ -301,6 +304,61 @@ async def _m009_client_tool_calls(db: asyncpg.Connection) -> None:
     )
 
 
+async def _m010_idempotency_keys(db: asyncpg.Connection) -> None:
+    # The HTTP service's idempotency keys: a retried request (same key) gets the answer of
+    # the run the first one started, on any replica and after a restart, never a second run.
+    await db.execute(
+        """
+        CREATE TABLE idempotency_keys (
+            user_id TEXT NOT NULL,               -- a key is its user's: scoped by it
+            key_hash TEXT NOT NULL,              -- SHA-256 of the key (never the key itself)
+            request_hash TEXT NOT NULL,          -- SHA-256 of the request: another is refused
+            task_id TEXT,                        -- the run it started, once begun
+            conversation_id TEXT,
+            outcome TEXT,                        -- JSON: what it was answered, once over
+            expires_at TIMESTAMPTZ NOT NULL,     -- then the key may start a run again
+            PRIMARY KEY (user_id, key_hash)
+        );
+        CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys(expires_at);
+        """
+    )
+
+
+async def _m011_conversation_turns(db: asyncpg.Connection) -> None:
+    # A digest of each conversation's turns (base.turn_hash), kept by every append (in the
+    # same statement, by cogency_chain_turns, as base.chain_turns computes it), so the service
+    # finds the conversation of a resent chat history by one indexed lookup.
+    await db.execute(
+        """
+        ALTER TABLE conversations ADD COLUMN turns_digest TEXT;
+        CREATE INDEX conversations_by_turns ON conversations(user_id, turns_digest);
+        CREATE FUNCTION cogency_chain_turns(digest TEXT, turns TEXT[]) RETURNS TEXT
+        LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+        DECLARE
+            turn TEXT;
+        BEGIN
+            FOREACH turn IN ARRAY turns LOOP
+                digest := encode(sha256(convert_to(coalesce(digest, '') || turn, 'UTF8')),
+                                 'hex');
+            END LOOP;
+            RETURN digest;
+        END $$;
+        """
+    )
+    digests: dict[str, str | None] = {}
+    async for conversation_id, role, content in db.cursor(
+        "SELECT conversation_id, role, content FROM conversation_messages "
+        "ORDER BY conversation_id, seq"
+    ):
+        piece = turn_hash(role, _get_text(content))
+        if piece is not None:
+            digests[conversation_id] = chain_turns(digests.get(conversation_id), (piece,))
+    await db.executemany(
+        "UPDATE conversations SET turns_digest = $1 WHERE conversation_id = $2",
+        [(digest, conversation_id) for conversation_id, digest in digests.items()],
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -311,6 +369,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m007_service", _m007_service),
     ("m008_task_settings", _m008_task_settings),
     ("m009_client_tool_calls", _m009_client_tool_calls),
+    ("m010_idempotency_keys", _m010_idempotency_keys),
+    ("m011_conversation_turns", _m011_conversation_turns),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -873,6 +933,58 @@ class PostgresStore:
 
         return await self._use("revoking an API key", work)
 
+    # -- idempotency keys of the HTTP service ----------------------------------------------
+
+    async def claim_request(self, record: RequestRecord, *, replace: bool = False
+                            ) -> RequestRecord | None:
+        async def work(db: asyncpg.Connection) -> RequestRecord | None:
+            # Expired rows go (a few at a time, so no claim ever waits on a big sweep).
+            await db.execute(
+                "DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(SELECT ctid FROM "
+                "idempotency_keys WHERE expires_at < now() LIMIT 100))")
+            row = await db.fetchrow(
+                "INSERT INTO idempotency_keys AS k (user_id, key_hash, request_hash, task_id, "
+                "conversation_id, outcome, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) "
+                "ON CONFLICT (user_id, key_hash) DO UPDATE SET request_hash = "
+                "excluded.request_hash, task_id = excluded.task_id, conversation_id = "
+                "excluded.conversation_id, outcome = excluded.outcome, expires_at = "
+                "excluded.expires_at WHERE $8 OR k.expires_at < now() "
+                "RETURNING 1",
+                record.user_id, record.key, record.request, record.task_id,
+                record.conversation_id,
+                None if record.outcome is None else dumps(record.outcome), record.expires_at,
+                replace,
+            )
+            if row is not None:
+                return None
+            found = await db.fetchrow(_SELECT_REQUEST + " WHERE user_id = $1 AND key_hash = $2",
+                                      record.user_id, record.key)
+            return None if found is None else _request(found)
+
+        return await self._use("claiming an idempotency key", work)
+
+    async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
+                             conversation_id: str | None = None,
+                             outcome: dict[str, Any] | None = None) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            await db.execute(
+                "UPDATE idempotency_keys SET task_id = COALESCE($3, task_id), conversation_id "
+                "= COALESCE($4, conversation_id), outcome = COALESCE($5, outcome) "
+                "WHERE user_id = $1 AND key_hash = $2",
+                user_id, key, task_id, conversation_id,
+                None if outcome is None else dumps(outcome),
+            )
+
+        await self._use("recording an idempotency key's run", work, transaction=False,
+                        idempotent=True)
+
+    async def drop_request(self, user_id: str, key: str) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            await db.execute("DELETE FROM idempotency_keys WHERE user_id = $1 AND key_hash = $2",
+                             user_id, key)
+
+        await self._use("dropping an idempotency key", work, transaction=False, idempotent=True)
+
     # -- tasks ----------------------------------------------------------------------------
 
     async def begin_task(
@@ -903,7 +1015,7 @@ class PostgresStore:
                         [m.get("created_at") or stamp.isoformat() for m in messages],
                         [m.get("id") for m in messages],
                         known, 0 if history_tokens is None else _MESSAGE_BATCH,
-                        dumps(task.settings),
+                        dumps(task.settings), _turns(messages),
                     )
                 except driver.exceptions.UniqueViolationError as exc:
                     raise ConflictError(
@@ -1053,6 +1165,7 @@ class PostgresStore:
                     [m.get("created_at") or stamp.isoformat() for m in messages],
                     [m.get("id") for m in messages],
                     None if batch.profile is None else dumps(batch.profile.to_dict()),
+                    _turns(messages),
                 )
                 if any(row["kind"] == 0 for row in rows):
                     break
@@ -1105,6 +1218,16 @@ class PostgresStore:
             return [conversation_record(row) for row in rows]
 
         return await self._read("listing conversations", work)
+
+    async def find_conversation_by_turns(self, user_id: str, digest: str) -> str | None:
+        async def work(db: asyncpg.Connection) -> str | None:
+            return cast("str | None", await db.fetchval(
+                "SELECT conversation_id FROM conversations WHERE user_id = $1 AND "
+                "turns_digest = $2 ORDER BY updated_at DESC, conversation_id LIMIT 1",
+                user_id, digest,
+            ))
+
+        return await self._read("finding a conversation by its turns", work)
 
     async def load_messages(
         self,
@@ -1209,6 +1332,7 @@ class PostgresStore:
             await db.execute("DELETE FROM task_workspaces WHERE user_id = $1", user_id)
             await db.execute("DELETE FROM conversations WHERE user_id = $1", user_id)
             await db.execute("DELETE FROM user_profiles WHERE user_id = $1", user_id)
+            await db.execute("DELETE FROM idempotency_keys WHERE user_id = $1", user_id)
 
         await self._use("forgetting a user", work)
         self._windows.clear()
@@ -1321,6 +1445,11 @@ async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime
     )
 
 
+_CHAIN = (
+    # The turns digest {old} with the turns among the messages {new} added (base.chain_turns).
+    "CASE WHEN EXISTS (SELECT 1 FROM {new} WHERE turn IS NOT NULL) THEN cogency_chain_turns("
+    "{old}, ARRAY(SELECT turn FROM {new} WHERE turn IS NOT NULL ORDER BY ord)) ELSE {old} END"
+)
 _BEGIN = (
     # $1 user, $2 a default profile, $3 stamp, $4 conversation, $5 its data if new, $6-$12 the
     # task row, $13-$18 its first messages, $19 the last seq this store saw of the conversation,
@@ -1328,7 +1457,7 @@ _BEGIN = (
     # (data, seq before the first new message, updated_at) when the task was stored; kind 1 the
     # messages after $19 as they were before this statement; kind 2 the created_at of seq $19
     # (to check a cached window); kind 3 when the conversation is another user's. $21 the
-    # task's settings.
+    # task's settings, $22 each message's turn hash (base.turn_hash; NULL: no turn).
     "WITH existing AS (SELECT user_id, conversation_data::text AS data, updated_at "
     "FROM conversations WHERE conversation_id = $4), "
     "mine AS (SELECT 1 FROM existing WHERE user_id = $1), "
@@ -1336,15 +1465,17 @@ _BEGIN = (
     "SELECT $1, $2::json, $3 WHERE NOT EXISTS (SELECT 1 FROM existing WHERE user_id <> $1) "
     "ON CONFLICT (user_id) DO NOTHING), "
     "m AS (SELECT * FROM unnest($13::text[], $14::text[], $15::text[], $16::int[], "
-    "$17::text[], $18::text[]) WITH ORDINALITY "
-    "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
+    "$17::text[], $18::text[], $22::text[]) WITH ORDINALITY "
+    "AS m(role, content, task_id, tokens, created_at, message_id, turn, ord)), "
     "created AS (INSERT INTO conversations (conversation_id, user_id, conversation_data, "
-    "updated_at, message_count) SELECT $4, $1, $5::json, $3, (SELECT count(*) FROM m) "
+    "updated_at, message_count, turns_digest) SELECT $4, $1, $5::json, $3, "
+    "(SELECT count(*) FROM m), " + _CHAIN.format(old="NULL", new="m") + " "
     "WHERE NOT EXISTS (SELECT 1 FROM existing) ON CONFLICT (conversation_id) DO NOTHING "
     "RETURNING conversation_data::text AS data, 0::bigint AS base, updated_at), "
     "counter AS (UPDATE conversations SET message_count = message_count + "
     "(SELECT count(*) FROM m), updated_at = CASE WHEN EXISTS (SELECT 1 FROM m) THEN $3 "
-    "ELSE updated_at END WHERE conversation_id = $4 AND EXISTS (SELECT 1 FROM mine) "
+    "ELSE updated_at END, turns_digest = " + _CHAIN.format(old="turns_digest", new="m") + " "
+    "WHERE conversation_id = $4 AND EXISTS (SELECT 1 FROM mine) "
     "RETURNING message_count - (SELECT count(*) FROM m) AS base, updated_at), "
     "conv AS (SELECT data, base, updated_at FROM created UNION ALL "
     "SELECT e.data, c.base, c.updated_at FROM existing e, counter c), "
@@ -1420,7 +1551,8 @@ class _Windows(Windows):
 _SAVE = (
     # $1 conversation, $2 stamp, $3 user, $4 task, $5 epoch (fence when set), $6 workspace
     # (written when set), $7 expected version, $8 version step, $9 save id, $10 complete,
-    # $11 check the task row at all, $12-$17 the messages, $18 profile (written when set).
+    # $11 check the task row at all, $12-$17 the messages, $18 profile (written when set),
+    # $19 each message's turn hash (base.turn_hash; NULL: no turn).
     # Returns one row of kind 0 (the version) when it wrote, kind 1 per message stored
     # before (a retry), kind 2 the seq before the first new message. The task row is found by
     # its key (the owner as in _TASK_KEY).
@@ -1436,8 +1568,8 @@ _SAVE = (
     "ok AS (SELECT version FROM task UNION ALL SELECT version FROM gone "
     "UNION ALL SELECT $7::int WHERE NOT $11::bool AND EXISTS (SELECT 1 FROM conv)), "
     "m AS (SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::int[], "
-    "$16::text[], $17::text[]) WITH ORDINALITY "
-    "AS m(role, content, task_id, tokens, created_at, message_id, ord)), "
+    "$16::text[], $17::text[], $19::text[]) WITH ORDINALITY "
+    "AS m(role, content, task_id, tokens, created_at, message_id, turn, ord)), "
     # One probe of the (conversation_id, message_id) index per message: a join (or
     # = ANY) was planned, in the generic plan made while the table was small, as a scan of
     # the whole conversation, so a save cost more every turn.
@@ -1447,7 +1579,8 @@ _SAVE = (
     "fresh AS (SELECT m.*, row_number() OVER (ORDER BY ord) AS n FROM m "
     "WHERE m.message_id IS NULL OR m.message_id NOT IN (SELECT message_id FROM old)), "
     "counter AS (UPDATE conversations SET message_count = message_count + "
-    "(SELECT count(*) FROM fresh), updated_at = $2 WHERE conversation_id = $1 "
+    "(SELECT count(*) FROM fresh), updated_at = $2, turns_digest = "
+    + _CHAIN.format(old="turns_digest", new="fresh") + " WHERE conversation_id = $1 "
     "AND user_id = $3 AND EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM fresh) "
     "RETURNING message_count - (SELECT count(*) FROM fresh) AS base), "
     "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, "
@@ -1462,6 +1595,25 @@ _SAVE = (
     "UNION ALL SELECT 1, message_id, seq FROM old "
     "UNION ALL SELECT 2, NULL, base FROM counter"
 )
+
+
+_SELECT_REQUEST = (
+    "SELECT user_id, key_hash, request_hash, expires_at, task_id, conversation_id, outcome "
+    "FROM idempotency_keys"
+)
+
+
+def _request(row: Any) -> RequestRecord:
+    user_id, key, request, expires, task_id, conversation_id, outcome = row
+    return RequestRecord(
+        user_id, key, request, expires, task_id, conversation_id,
+        None if outcome is None else decode(outcome, "idempotency_keys", key, "outcome"),
+    )
+
+
+def _turns(messages: Sequence[dict[str, Any]]) -> list[str | None]:
+    """Each message's turn hash, for the turns digest of its conversation."""
+    return [turn_hash(m["role"], m["content"]) for m in messages]
 
 
 def _number(messages: Sequence[dict[str, Any]], rows: Sequence[Any]) -> None:

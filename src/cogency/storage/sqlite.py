@@ -29,6 +29,7 @@ from .base import (
     MIGRATION_NAMES,
     ApiKeyRecord,
     ConversationRecord,
+    RequestRecord,
     SaveBatch,
     TaskRecord,
     abandon_runner,
@@ -38,6 +39,7 @@ from .base import (
     check_decisions,
     api_key_record,
     busy_conversation,
+    chain_turns,
     conflict,
     conversation_record,
     decode,
@@ -52,6 +54,7 @@ from .base import (
     task_record,
     task_running,
     too_new,
+    turn_hash,
 )
 
 T = TypeVar("T")
@@ -272,6 +275,46 @@ def _m007_service(db: sqlite3.Connection) -> None:
     )
 
 
+def _m010_idempotency_keys(db: sqlite3.Connection) -> None:
+    # The HTTP service's idempotency keys: a retried request (same key) gets the answer of
+    # the run the first one started, on any replica and after a restart, never a second run.
+    _script(db,
+        """
+        CREATE TABLE idempotency_keys (
+            user_id TEXT NOT NULL,               -- a key is its user's: scoped by it
+            key_hash TEXT NOT NULL,              -- SHA-256 of the key (never the key itself)
+            request_hash TEXT NOT NULL,          -- SHA-256 of the request: another is refused
+            task_id TEXT,                        -- the run it started, once begun
+            conversation_id TEXT,
+            outcome TEXT,                        -- JSON: what it was answered, once over
+            expires_at TEXT NOT NULL,            -- then the key may start a run again
+            PRIMARY KEY (user_id, key_hash)
+        );
+        CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys(expires_at);
+        """
+    )
+
+
+def _m011_conversation_turns(db: sqlite3.Connection) -> None:
+    # A digest of each conversation's turns (base.turn_hash), kept by every append, so the
+    # service finds the conversation of a resent chat history by one indexed lookup.
+    _script(db,
+        """
+        ALTER TABLE conversations ADD COLUMN turns_digest TEXT;
+        CREATE INDEX conversations_by_turns ON conversations(user_id, turns_digest);
+        """
+    )
+    digests: dict[str, str | None] = {}
+    rows = db.execute("SELECT conversation_id, role, content FROM conversation_messages "
+                      "ORDER BY conversation_id, seq")
+    for conversation_id, role, content in rows:
+        piece = turn_hash(role, content)
+        if piece is not None:
+            digests[conversation_id] = chain_turns(digests.get(conversation_id), (piece,))
+    db.executemany("UPDATE conversations SET turns_digest = ? WHERE conversation_id = ?",
+                   [(digest, conversation_id) for conversation_id, digest in digests.items()])
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -282,6 +325,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m007_service", _m007_service),
     ("m008_task_settings", _m008_task_settings),
     ("m009_client_tool_calls", _m009_client_tool_calls),
+    ("m010_idempotency_keys", _m010_idempotency_keys),
+    ("m011_conversation_turns", _m011_conversation_turns),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -893,6 +938,7 @@ class SQLiteStore:
             db.execute("DELETE FROM task_workspaces WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM conversations WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM user_profiles WHERE user_id = ?", (user_id,))
+            db.execute("DELETE FROM idempotency_keys WHERE user_id = ?", (user_id,))
             db.execute(
                 "INSERT INTO user_generations (user_key, generation) VALUES (?, 1) "
                 "ON CONFLICT(user_key) DO UPDATE SET generation = generation + 1",
@@ -985,8 +1031,72 @@ class SQLiteStore:
             abandon_runner(runner)  # its row is stale from now on, whatever the database says
             raise
 
+    async def find_conversation_by_turns(self, user_id: str, digest: str) -> str | None:
+        def work(db: sqlite3.Connection) -> str | None:
+            row = db.execute(
+                "SELECT conversation_id FROM conversations WHERE user_id = ? AND "
+                "turns_digest = ? ORDER BY updated_at DESC LIMIT 1", (user_id, digest),
+            ).fetchone()
+            return None if row is None else row[0]
+
+        return await self._run(work)
+
+    # -- idempotency keys of the HTTP service ----------------------------------------------
+
+    async def claim_request(self, record: RequestRecord, *, replace: bool = False
+                            ) -> RequestRecord | None:
+        def work(db: sqlite3.Connection) -> RequestRecord | None:
+            stamp = _time.now().isoformat()
+            # Expired rows go (a few at a time, so no claim ever waits on a big sweep).
+            db.execute("DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM "
+                       "idempotency_keys WHERE expires_at < ? LIMIT 100)", (stamp,))
+            row = db.execute(
+                _SELECT_REQUEST + " WHERE user_id = ? AND key_hash = ?",
+                (record.user_id, record.key),
+            ).fetchone()
+            if row is not None and row[3] >= stamp and not replace:
+                return _request(row)
+            db.execute(
+                "INSERT OR REPLACE INTO idempotency_keys (user_id, key_hash, request_hash, "
+                "task_id, conversation_id, outcome, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (record.user_id, record.key, record.request, record.task_id,
+                 record.conversation_id,
+                 None if record.outcome is None else dumps(record.outcome),
+                 record.expires_at.isoformat()),
+            )
+            return None
+
+        return await self._run(self._write(work))
+
+    async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
+                             conversation_id: str | None = None,
+                             outcome: dict[str, Any] | None = None) -> None:
+        await self._run(self._write(lambda db: db.execute(
+            "UPDATE idempotency_keys SET task_id = COALESCE(?, task_id), conversation_id = "
+            "COALESCE(?, conversation_id), outcome = COALESCE(?, outcome) "
+            "WHERE user_id = ? AND key_hash = ?",
+            (task_id, conversation_id, None if outcome is None else dumps(outcome), user_id,
+             key),
+        )))
+
+    async def drop_request(self, user_id: str, key: str) -> None:
+        await self._run(self._write(lambda db: db.execute(
+            "DELETE FROM idempotency_keys WHERE user_id = ? AND key_hash = ?", (user_id, key))))
+
 
 _SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
+_SELECT_REQUEST = (
+    "SELECT user_id, key_hash, request_hash, expires_at, task_id, conversation_id, outcome "
+    "FROM idempotency_keys"
+)
+
+
+def _request(row: tuple[Any, ...]) -> RequestRecord:
+    user_id, key, request, expires, task_id, conversation_id, outcome = row
+    return RequestRecord(
+        user_id, key, request, _time.parse(expires), task_id, conversation_id,
+        None if outcome is None else decode(outcome, "idempotency_keys", key, "outcome"),
+    )
 
 
 # -- row helpers (run on the worker thread) -------------------------------------------------
@@ -1135,11 +1245,15 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
     # Bumping the counter takes the seq range; BEGIN IMMEDIATE serializes writers.
     row = db.execute(
         "UPDATE conversations SET message_count = message_count + ?, updated_at = ? "
-        "WHERE conversation_id = ? AND user_id = ? RETURNING message_count",
+        "WHERE conversation_id = ? AND user_id = ? RETURNING message_count, turns_digest",
         (count, stamp, batch.conversation_id, batch.user_id),
     ).fetchone()
     if row is None:
         raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
+    turns = [piece for m in fresh if (piece := turn_hash(m["role"], m["content"]))]
+    if turns:  # the conversation's turns digest, in the same transaction
+        db.execute("UPDATE conversations SET turns_digest = ? WHERE conversation_id = ?",
+                   (chain_turns(row[1], turns), batch.conversation_id))
     first = row[0] - count + 1
     for offset, message in enumerate(fresh):
         message["seq"] = first + offset

@@ -55,6 +55,10 @@ class Tool:
 
     ``hide``, when set, is called by the :class:`~cogency.Agent` with the paths of its store's
     files, which the tool must keep out of reach (the shell sandbox hides them).
+
+    ``root`` is the directory a tool is confined to (the files and shell tools have one), and
+    ``rebuild`` makes the same tool confined to another directory: :meth:`confined_to` uses it
+    to give each user of an ``Agent(root_per_user=True)`` a directory of their own.
     """
 
     name: str
@@ -64,6 +68,8 @@ class Tool:
     timeout: float = DEFAULT_TIMEOUT
     needs_approval: bool | Callable[[dict[str, Any]], Any] = False
     hide: Callable[[Sequence[str]], None] | None = field(default=None, repr=False)
+    root: str | None = None
+    rebuild: Callable[[str], Tool] | None = field(default=None, repr=False, compare=False)
     _threads: threading.BoundedSemaphore = field(
         default_factory=lambda: threading.BoundedSemaphore(MAX_TOOL_THREADS),
         init=False, repr=False, compare=False,
@@ -90,6 +96,16 @@ class Tool:
             raise ToolError(
                 f"tool {self.name!r}: needs_approval must be a bool or a callable of the args"
             )
+
+    def confined_to(self, root: str) -> Tool:
+        """This tool working in ``root`` instead of its own root (a tool without a root, or
+        one that cannot be rebuilt, is itself). The copy shares this tool's thread slots, so
+        its users together never run more calls at once than the tool alone would."""
+        if self.rebuild is None or self.root is None:
+            return self
+        copy = self.rebuild(root)
+        copy._threads, copy._renders = self._threads, self._renders
+        return copy
 
     async def requires_approval(self, args: dict[str, Any]) -> bool:
         """Whether this call must wait for a person (fails closed: an error means yes)."""

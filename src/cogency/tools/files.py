@@ -15,6 +15,7 @@ pattern that backtracks without end is stopped and reported, never left holding 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import stat
@@ -512,9 +513,19 @@ def files_tools(
         file_search,
         timeout=SEARCH_SECONDS + 5,
     )
-    if read_only:
-        return [read_tool, list_tool, search_tool]
-    return [read_tool, write_tool, edit_tool, list_tool, search_tool]
+    tools = [read_tool, list_tool, search_tool] if read_only else [
+        read_tool, write_tool, edit_tool, list_tool, search_tool]
+    options = {"max_read_bytes": max_read_bytes, "max_write_bytes": max_write_bytes,
+               "max_results": max_results, "read_only": read_only}
+    for item in tools:
+        item.root = jail.path
+        item.rebuild = functools.partial(_rebuilt, item.name, options)
+    return tools
+
+
+def _rebuilt(name: str, options: dict[str, Any], root: str) -> Tool:
+    """The file tool ``name`` made again with ``options``, confined to ``root``."""
+    return next(item for item in files_tools(root, **options) if item.name == name)
 
 
 class _TooSlow(Exception):

@@ -206,6 +206,9 @@ def shell_tool(
         timeout=timeout + 10,
         needs_approval=True,  # a command can change anything the process can
         hide=hide if use_sandbox else None,
+        root=workdir,
+        rebuild=lambda other: shell_tool(other, timeout=timeout, max_output=max_output,
+                                         sandbox=sandbox, hidden=hidden, env=env, name=name),
     )
 
 

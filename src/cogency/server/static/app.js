@@ -93,32 +93,67 @@ function show(event, pending) {
   }
 }
 
-// Calls waiting for a person: one box each; the decisions go back together.
+// Text shown as the command line shows it (cli.visible with keep=""): control and format
+// characters (bidi overrides, zero-width), lone surrogates and line separators as escapes,
+// so a call cannot hide or reorder what it does.
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Cs}\p{Zl}\p{Zp}]/gu;
+const NAMED = { "\r": "\\r", "\n": "\\n", "\t": "\\t" };
+
+function visible(text) {
+  return String(text).replace(HIDDEN, (ch) => {
+    if (NAMED[ch]) return NAMED[ch];
+    const code = ch.codePointAt(0);
+    const hex = (width) => code.toString(16).padStart(width, "0");
+    return code < 0x100 ? "\\x" + hex(2) : code < 0x10000 ? "\\u" + hex(4) : "\\U" + hex(8);
+  });
+}
+
+// Calls waiting for a person: one box each, showing the whole call (escaped, in a box that
+// scrolls, never cut); Approve works once the call has been scrolled through to its end.
+// The decisions go back together.
 function askApprovals(pending) {
   const decisions = {};
   for (const call of pending) {
     const box = document.createElement("div");
     box.className = "approval";
+    const text = visible(call.name) + "(" + visible(JSON.stringify(call.args)) + ")";
     const what = document.createElement("div");
-    what.textContent = "The agent wants to run " + call.name + " " +
-      clip(JSON.stringify(call.args), 400);
-    box.appendChild(what);
+    what.textContent = "The agent wants to run (" + text.length + " characters):";
+    const shown = document.createElement("pre");
+    shown.className = "call";
+    shown.tabIndex = 0;
+    shown.textContent = text;
+    const hint = document.createElement("div");
+    hint.className = "hint";
+    box.append(what, shown, hint);
+    const buttons = [];
     for (const [label, allow] of [["Approve", true], ["Deny", false]]) {
       const button = document.createElement("button");
       button.type = "button";
       button.textContent = label;
       button.className = allow ? "approve" : "deny";
       button.addEventListener("click", () => {
+        if (button.disabled) return;
         decisions[call.id] = allow;
-        box.textContent = (allow ? "approved: " : "denied: ") + call.name;
+        box.textContent = (allow ? "approved: " : "denied: ") + visible(call.name);
         if (Object.keys(decisions).length === pending.length) {
           follow("/api/tasks/" + encodeURIComponent(call.task_id) + "/approvals",
             { decisions });
         }
       });
       box.appendChild(button);
+      buttons.push(button);
     }
+    const approve = buttons[0];
+    const seenAll = () => shown.scrollTop + shown.clientHeight >= shown.scrollHeight - 2;
+    const check = () => {
+      approve.disabled = !seenAll();
+      hint.textContent = approve.disabled
+        ? "Scroll to the end of the call to approve it." : "";
+    };
+    shown.addEventListener("scroll", check);
     $("log").appendChild(box);
+    check();
   }
   setStatus("waiting for your decision");
 }

@@ -1,0 +1,225 @@
+"""How ``cogency serve`` listens: uvicorn, with what a server open to the public needs around it.
+
+- **A request arrives in time or not at all.** Its headers within ``header_timeout`` seconds
+  (from the connection's start, or from the first byte of a later request on a kept-alive
+  one), its body within ``body_timeout`` seconds of its headers: otherwise the client gets
+  408 and the connection is closed. uvicorn alone waits for ever for a client that sends half
+  a request, or nothing, and a slow client that trickles bytes never resets the budget.
+- **A bounded number of connections**: at most ``max_connections_per_client`` from one
+  address (one more is answered 503 and closed at once, before anything of it is read), and
+  ``max_connections`` in all: when they are taken, a new connection closes the one that has
+  waited longest for its request's headers (a slow client's: 408), or is refused (503) when
+  every connection has a request in hand. A client that opens connections and sends
+  nothing cannot keep anyone else out. Refusals and cut-offs are logged at most once per kind
+  every 10 seconds, with their count.
+- **One budget for a shutdown.** On SIGTERM (or Ctrl-C) the server stops listening, runs in
+  flight get ``grace`` seconds to finish, then the rest are saved as resumable tasks and each
+  follower gets its final ``error`` event saying so; then the responses end and the process
+  exits. (uvicorn's own graceful shutdown would wait ``grace`` for the connections first and
+  cut the followers off before the runs were saved, then wait again.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .app import Settings
+from .errors import error_body
+
+log = logging.getLogger("cogency.server")
+
+FLUSH_SECONDS = 5
+BACKLOG = 128
+"""Connections the kernel queues for the server, and so the most asyncio accepts at once
+before any is turned away (``cogency serve`` keeps file descriptors spare for such bursts)."""
+"""After the runs of a shutdown are over (finished or saved), how long the responses that
+follow them may take to deliver their last events before their connections are closed."""
+
+
+def _answer(status: int, reason: str, kind: str, message: str) -> bytes:
+    """A whole HTTP response that closes the connection, for a request never handed to the
+    app (the one place this layer answers by itself)."""
+    body = json.dumps(error_body(kind, message)).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+class _Notes:
+    """Log lines about refused and cut-off connections, at most one per kind every
+    ``every`` seconds (with how many there were): a flood of connections must not become a
+    flood of log lines."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self._kinds: dict[str, tuple[int, float]] = {}
+
+    def note(self, level: int, text: str) -> None:
+        count, last = self._kinds.get(text, (0, float("-inf")))
+        count += 1
+        now = time.monotonic()
+        if now - last < self.every:
+            self._kinds[text] = (count, last)
+            return
+        log.log(level, "%s%s", text, f" ({count} times since the last such line)"
+                if count > 1 else "")
+        self._kinds[text] = (0, now)
+
+
+def protocol_class(settings: Settings) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol with the time limits and the connection caps of
+    ``settings`` (one class per server: its connections share the counts)."""
+    per_address: Counter[str] = Counter()
+    waiting: OrderedDict[Any, None] = OrderedDict()
+    """Connections waiting for a request's headers, the longest waiting first."""
+    notes = _Notes()
+
+    class Guarded(H11Protocol):
+        _address: str | None = None
+        _phase: str | None = None
+        _timer: asyncio.TimerHandle | None = None
+        _served = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._address = self.client[0] if self.client else None
+            if self._address is not None:
+                per_address[self._address] += 1
+            if (self._address is not None
+                    and per_address[self._address] > settings.max_connections_per_client):
+                self._refuse("too many connections from your address; close some, then retry")
+                return
+            if len(self.connections) > settings.max_connections:
+                # Full: the connection that has waited longest for its request's headers
+                # (a slow client's) makes room; if none waits, this one is refused.
+                slowest = next(iter(waiting), None)
+                if slowest is None:
+                    self._refuse("the server has as many connections as it takes; retry later")
+                    return
+                slowest._cut("headers", "in time (the server was full and needed the "
+                                        "connection)")
+            self._watch()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._set_phase(None)
+            if self._address is not None:
+                per_address[self._address] -= 1
+                if per_address[self._address] <= 0:
+                    del per_address[self._address]
+                self._address = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch()
+
+        def on_response_complete(self) -> None:
+            self._served = True
+            super().on_response_complete()
+            self._watch()
+
+        def _watch(self) -> None:
+            """Time what the connection waits for from its client now: a request's headers,
+            or its body. While the app answers, or between requests (uvicorn's keep-alive
+            time-out), nothing is timed here."""
+            if self.transport is None or self.transport.is_closing():
+                self._set_phase(None)
+                return
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                busy = cycle.more_body and not cycle.disconnected and not cycle.response_started
+                self._set_phase("body" if busy else None)
+            elif not self._served or self.conn.trailing_data[0]:
+                self._set_phase("headers")  # a new connection, or a request begun
+            else:
+                self._set_phase(None)
+
+        def _set_phase(self, phase: str | None) -> None:
+            if phase == self._phase:
+                return  # the same wait goes on: its budget runs from when it began
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._phase == "headers":
+                waiting.pop(self, None)
+            self._phase = phase
+            if phase is not None:
+                seconds = (settings.header_timeout if phase == "headers"
+                           else settings.body_timeout)
+                self._timer = self.loop.call_later(seconds, self._expired, phase)
+                if phase == "headers":
+                    waiting[self] = None
+
+        def _expired(self, phase: str) -> None:
+            self._timer = None
+            if phase == self._phase and not self.transport.is_closing():
+                seconds = (settings.header_timeout if phase == "headers"
+                           else settings.body_timeout)
+                self._cut(phase, f"within {seconds:g} s")
+
+        def _cut(self, phase: str, why: str) -> None:
+            """Close the connection, telling the client (408) that its request came too late."""
+            notes.note(logging.INFO,
+                       f"closed connections whose request's {phase} did not arrive {why}")
+            self._set_phase(None)
+            self.transport.write(_answer(408, "Request Timeout", "timeout",
+                                         f"the request's {phase} did not arrive {why}"))
+            self.transport.close()
+
+        def _refuse(self, message: str) -> None:
+            notes.note(logging.WARNING, f"refused connections: {message}")
+            self.transport.write(_answer(503, "Service Unavailable", "unavailable", message))
+            self.transport.close()
+
+    return Guarded
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that runs ``drain`` (the one budget for runs in flight) as soon as it
+    stops listening, before it waits for the connections; and that stops on SIGTERM/SIGINT
+    without re-raising the signal afterwards, so the agent and the store still close and the
+    exit status is 0."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._drain = drain
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        drain = asyncio.ensure_future(self._drain())
+        while not drain.done():  # a second signal (force_exit) cuts the wait short: the
+            await asyncio.wait([drain], timeout=0.1)  # agent's close() then saves the runs
+            if self.force_exit:
+                drain.cancel()
+                await asyncio.wait([drain])
+        if not drain.cancelled() and drain.exception() is not None:
+            log.error("finishing the runs in flight failed", exc_info=drain.exception())
+        await super().shutdown(sockets)
+
+
+async def serve(app: Any, settings: Settings, listener: socket.socket,
+                drain: Callable[[], Awaitable[None]]) -> None:
+    """Serve ``app`` on ``listener`` until SIGTERM or SIGINT; ``drain`` finishes or saves the
+    runs in flight (within ``settings.grace``) once the server stops listening."""
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, server_header=False,
+        http=protocol_class(settings), backlog=BACKLOG,
+        timeout_graceful_shutdown=FLUSH_SECONDS,
+    )
+    await _Server(config, drain).serve(sockets=[listener])
