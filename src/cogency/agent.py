@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from . import _telemetry
 from ._json import dumps
 from .approvals import Policy, check_policy, run_step, settle_decided
 from .context import (
@@ -279,7 +280,8 @@ class Agent:
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
-        return _EventStream(lambda emit: self._execute(open_task, emit, query, approvals), self)
+        return _EventStream(lambda emit: _telemetry.invoke_agent(
+            self.llm, self._execute(open_task, emit, query, approvals)), self)
 
     async def _execute(
         self,
@@ -296,6 +298,7 @@ class Agent:
             # Before anything is stored: a query that can never fit is the caller's to fix.
             self._check_fits(query, window, tools)
         state, resumed = await open_task(runner)
+        _telemetry.task_opened(state, resumed)
         ex, usage, error = state.execution, Usage(), None
         task = state.task_id
         recorded: dict[str, list[dict[str, Any]]] = {}

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _telemetry
 from .errors import (
     AuthenticationError,
     ConfigurationError,
@@ -128,7 +129,7 @@ async def _complete(
     for attempt in range(retries + 1):
         try:
             completion = None
-            async for piece in llm.stream(messages, schema=schema):
+            async for piece in _telemetry.chat(llm, messages, schema):
                 if isinstance(piece, Completion):
                     completion = piece
                 elif piece:

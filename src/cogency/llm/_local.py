@@ -267,7 +267,7 @@ class LocalLLM(OpenAILLM):
                     # A whole step (never truncated itself), even when the answer was cut off.
                     piece = Completion(
                         json.dumps({"response": _finished(piece.text, piece.truncated)}),
-                        piece.usage,
+                        piece.usage, model=piece.model,
                     )
                 yield piece
             return

@@ -13,9 +13,9 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__
+from .. import __version__, _telemetry
 from ..agent import Agent
-from . import errors, openai_api, page, routes
+from . import errors, openai_api, page, routes, telemetry
 from .errors import RequestTooLarge, error_body
 from .runs import Runs
 
@@ -38,8 +38,10 @@ class Settings:
     """Seconds a shutdown waits for runs in flight before saving them as resumable."""
 
 
-def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
-    """The service for ``agent`` (and its store). The caller closes the agent afterwards."""
+def create_app(agent: Agent, settings: Settings = Settings(), *, metrics: Any = None) -> FastAPI:
+    """The service for ``agent`` (and its store). The caller closes the agent afterwards.
+
+    ``metrics``, a ``prometheus_client`` registry, is served as text at ``/metrics``."""
     runs = Runs(agent, max_per_key=settings.max_runs_per_key, max_query=settings.max_query)
 
     @asynccontextmanager
@@ -73,7 +75,10 @@ def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    if metrics is not None:
+        telemetry.serve_metrics(app, metrics)
     app.add_middleware(_Limits, max_body=settings.max_body)
+    app.add_middleware(_telemetry.TraceRequests)  # outermost: a request's span holds it all
     return app
 
 

@@ -47,6 +47,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
     serve.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                        help="on SIGTERM, how long runs in flight may finish before they are "
                             "saved as resumable (default: %(default)s)")
+    serve.add_argument("--metrics", action="store_true",
+                       help="serve metrics in Prometheus text at /metrics (no key needed; no "
+                            "label names a user; needs the otel extra)")
     serve.set_defaults(handler=_serve)
 
     keys = commands.add_parser("keys", help="create, list and revoke API keys of `serve`")
@@ -157,7 +160,8 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             listener = _listen(args.host, args.port)
             host, port = listener.getsockname()[:2]
             config = uvicorn.Config(
-                create_app(agent, settings), log_config=None, access_log=False,
+                create_app(agent, settings, metrics=args.telemetry.registry),
+                log_config=None, access_log=False,
                 timeout_graceful_shutdown=args.grace, server_header=False,
             )
             print(f"cogency serve: listening on http://{_url_host(host)}:{port} "

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Union, get_args, get_origin, overload
 
+from .. import _telemetry
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
 from ..tokens import truncate_tokens
@@ -277,8 +278,8 @@ async def run_tools(
     """Run the calls of one step concurrently; results keep the order of the calls."""
     return list(
         await asyncio.gather(
-            *(run_tool(tools.get(call["name"]), call["name"], call.get("args") or {})
-              for call in calls)
+            *(_telemetry.execute_tool(tools.get(call["name"]), call, run_tool(
+                tools.get(call["name"]), call["name"], call.get("args") or {})) for call in calls)
         )
     )
 
