@@ -11,11 +11,11 @@ Names follow the OpenTelemetry GenAI semantic conventions (development status): 
 ``invoke_agent {agent}`` per run or resume, ``chat {model}`` per model call, ``execute_tool
 {tool}`` per tool call (MCP ones too, with the MCP attributes), ``upsert_memory`` and
 ``update_memory`` per learning extraction and consolidation (new traces, *linked* to the run
-they learned from, in whatever process they run), and the HTTP server span of ``cogency serve``.
+they learned from, in whatever process they run). (FastAPI traces ``cogency serve``'s requests
+itself; a run is inside the span of the request that started it.)
 Store round trips are events (``cogency.store``) on the span they happen in. Metrics:
 ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``,
-``gen_ai.client.operation.time_to_first_chunk``, ``db.client.operation.duration``, and
-Cogency's ``cogency.runs``, ``cogency.tool.calls``, ``cogency.memory.pending``,
+``gen_ai.client.operation.time_to_first_chunk``, and Cogency's ``cogency.runs``, ``cogency.tool.calls``, ``cogency.memory.pending``,
 ``cogency.approvals.pending``; none carries a user, conversation or task id.
 
 Message content (queries, answers, prompts, tool arguments and results) is recorded only with
@@ -83,11 +83,6 @@ MCP_METHOD = "mcp.method.name"
 NETWORK_TRANSPORT = "network.transport"
 DB_SYSTEM = "db.system.name"
 DB_OPERATION = "db.operation.name"
-HTTP_METHOD = "http.request.method"
-HTTP_ROUTE = "http.route"
-HTTP_STATUS = "http.response.status_code"
-URL_PATH = "url.path"
-URL_SCHEME = "url.scheme"
 TASK_ID = "cogency.task.id"
 RESUMED = "cogency.resumed"
 STOP_REASON = "cogency.stop_reason"
@@ -120,7 +115,6 @@ TOOL_NOT_RUN = "cogency.tool.not_run"
 TOKEN_USAGE = "gen_ai.client.token.usage"
 OPERATION_DURATION = "gen_ai.client.operation.duration"
 FIRST_CHUNK_DURATION = "gen_ai.client.operation.time_to_first_chunk"
-STORE_OPERATION_DURATION = "db.client.operation.duration"
 RUNS = "cogency.runs"
 TOOL_CALLS = "cogency.tool.calls"
 MEMORY_PENDING = "cogency.memory.pending"
@@ -130,8 +124,6 @@ _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 
                   16777216, 67108864)
 _DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                      20.48, 40.96, 81.92)
-_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25,
-                  0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 _PROVIDERS = {"gemini": "gcp.gemini", "google": "gcp.gemini"}
 """Cogency's provider names where the conventions have another (the rest are used as they are)."""
@@ -144,7 +136,9 @@ _tracer: Any = None
 _metrics: _Metrics | None = None
 """The instruments, once an SDK meter provider is set."""
 _api: Any = None
-"""The ``opentelemetry`` API modules, imported when a provider was found."""
+"""The ``opentelemetry`` API modules, imported once something else imported OpenTelemetry."""
+_named: bool | None = None
+"""Whether ``OTEL_PYTHON_*_PROVIDER`` names a provider for the API to load (read once)."""
 
 
 def _active() -> bool:
@@ -154,31 +148,42 @@ def _active() -> bool:
     through the API), so while no ``opentelemetry`` module is loaded the answer is no at once;
     the ``OTEL_PYTHON_*_PROVIDER`` variables name a provider the API would load on first use.
     """
+    global _named
     if _tracer is not None and _metrics is not None:
         return True
     modules = sys.modules
-    if ("opentelemetry.trace" not in modules and "opentelemetry.metrics" not in modules
-            and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
-            and "OTEL_PYTHON_METER_PROVIDER" not in os.environ):
-        return _tracer is not None or _metrics is not None
+    if "opentelemetry.trace" not in modules and "opentelemetry.metrics" not in modules:
+        if _named is None:  # read once: reading the environment costs microseconds
+            _named = any(name in os.environ for name in (
+                "OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER"))
+        if not _named:
+            return _tracer is not None or _metrics is not None
     _probe()
     return _tracer is not None or _metrics is not None
 
 
 def _probe() -> None:
     global _tracer, _metrics, _api
-    from opentelemetry import context, metrics, propagate, trace
-
     if _api is None:
+        from opentelemetry import context, metrics, propagate, trace
+
         _api = _Api(context, metrics, propagate, trace)
-    if _tracer is None:
-        tracers = trace.get_tracer_provider()
-        if not isinstance(tracers, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+    api = _api
+    # The API's own getters read the environment on every call (microseconds each, per hook);
+    # its module globals say at once whether a provider was set. Where they are missing (a
+    # future API), the getters decide.
+    if _tracer is None and getattr(api.trace, "_TRACER_PROVIDER", api) is not None:
+        tracers = api.trace.get_tracer_provider()
+        if not isinstance(tracers, api.unset_tracers):
             _tracer = tracers.get_tracer(SCOPE, _version())
-    if _metrics is None:
-        meters = metrics.get_meter_provider()
-        if type(meters).__name__ not in ("_ProxyMeterProvider", "NoOpMeterProvider"):
+    if _metrics is None and getattr(api.metrics_state, "_METER_PROVIDER", api) is not None:
+        meters = api.metrics.get_meter_provider()
+        if type(meters).__name__ not in _UNSET_METERS:
             _metrics = _Metrics(meters.get_meter(SCOPE, _version()))
+
+
+_UNSET_METERS = ("_ProxyMeterProvider", "NoOpMeterProvider")
+"""The API's stand-ins until a meter provider is set (the first is private: known by name)."""
 
 
 class _Api:
@@ -188,6 +193,11 @@ class _Api:
         self.context, self.metrics, self.propagate, self.trace = context, metrics, propagate, trace
         self.Link, self.SpanKind, self.Status, self.StatusCode = Link, SpanKind, Status, StatusCode
         self.INVALID_SPAN = trace.INVALID_SPAN
+        self.unset_tracers = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        self.metrics_state = sys.modules.get("opentelemetry.metrics._internal", metrics)
+        # A provider named by OTEL_PYTHON_*_PROVIDER is loaded by the API's first getter call.
+        trace.get_tracer_provider()
+        metrics.get_meter_provider()
 
 
 class _Metrics:
@@ -204,10 +214,6 @@ class _Metrics:
             FIRST_CHUNK_DURATION, unit="s",
             description="Time to receive the first chunk of a streamed reply.",
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS)
-        self.store = meter.create_histogram(
-            STORE_OPERATION_DURATION, unit="s",
-            description="Duration of a store round trip (begin_task, save, complete_task).",
-            explicit_bucket_boundaries_advisory=_STORE_BUCKETS)
         self.runs = meter.create_counter(
             RUNS, unit="{run}", description="Runs and resumes ended, by stop reason.")
         self.tool_calls = meter.create_counter(
@@ -239,20 +245,26 @@ def _span(name: str, kind: str, attributes: dict[str, Any], **options: Any) -> A
                               **options)
 
 
-@contextmanager
-def _current(span: Any) -> Iterator[None]:
-    token = _api.context.attach(_api.trace.set_span_in_context(span))
-    try:
-        yield
-    finally:
-        _api.context.detach(token)
+class _current:
+    """``span`` is the current span within (a class: cheaper than a generator's context)."""
+
+    __slots__ = ("context", "token")
+
+    def __init__(self, span: Any) -> None:
+        self.context = _api.trace.set_span_in_context(span)
+
+    def __enter__(self) -> None:
+        self.token = _api.context.attach(self.context)
+
+    def __exit__(self, *exc: object) -> None:
+        _api.context.detach(self.token)
 
 
 def _failed(span: Any, exc: BaseException) -> str:
     """Mark ``span`` as failed by ``exc`` (without a stack trace); returns its ``error.type``."""
     kind = type(exc).__qualname__
     if span.is_recording():
-        span.set_attribute(ERROR_TYPE, kind)
+        span.set_attributes({ERROR_TYPE: kind})
         span.add_event("exception", {"exception.type": kind,
                                      "exception.message": str(exc)[:1000]})
         span.set_status(_api.Status(_api.StatusCode.ERROR, f"{kind}: {str(exc)[:200]}"))
@@ -282,11 +294,20 @@ def _messages(role: str, text: Any, finish: str | None = None) -> str:
 
 
 class _Run:
-    __slots__ = ("span", "conversation")
+    """The run in progress (a context variable): its span, and the settings read once for it."""
+
+    __slots__ = ("span", "conversation", "capture")
 
     def __init__(self, span: Any) -> None:
         self.span = span
         self.conversation: str | None = None
+        self.capture = _capturing()
+
+
+def _capture() -> bool:
+    """Whether content is recorded: as the run in progress read it, else as set now."""
+    run = _RUN.get()
+    return run.capture if run is not None else _capturing()
 
 
 _RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("cogency_run", default=None)
@@ -317,7 +338,7 @@ async def _invoke(llm: Any, work: Awaitable[Any]) -> Any:
     except BaseException as exc:
         cancelled = isinstance(exc, asyncio.CancelledError)
         stop = "cancelled" if cancelled else "error"
-        span.set_attribute(STOP_REASON, stop)
+        span.set_attributes({STOP_REASON: stop})
         if not cancelled:
             labels[ERROR_TYPE] = _failed(span, exc)
         span.end()
@@ -333,21 +354,20 @@ async def _invoke(llm: Any, work: Awaitable[Any]) -> Any:
 def _finish_run(span: Any, result: Any, labels: dict[str, Any], began: float) -> None:
     stop = result.stop_reason
     if span.is_recording():
-        span.set_attribute(STOP_REASON, stop)
-        span.set_attribute(ITERATIONS, result.iterations)
-        span.set_attribute(CONVERSATION, result.conversation_id)
-        span.set_attribute(TASK_ID, result.task_id)
+        ended: dict[str, Any] = {STOP_REASON: stop, ITERATIONS: result.iterations,
+                                 CONVERSATION: result.conversation_id, TASK_ID: result.task_id}
         if result.usage.input_tokens or result.usage.output_tokens:
-            span.set_attribute(INPUT_TOKENS, result.usage.input_tokens)
-            span.set_attribute(OUTPUT_TOKENS, result.usage.output_tokens)
-        if result.response is not None and _capturing():
-            span.set_attribute(OUTPUT_MESSAGES, _messages("assistant", result.response, "stop"))
+            ended[INPUT_TOKENS] = result.usage.input_tokens
+            ended[OUTPUT_TOKENS] = result.usage.output_tokens
+        if result.response is not None and _capture():
+            ended[OUTPUT_MESSAGES] = _messages("assistant", result.response, "stop")
         for call in result.pending_approvals:
             span.add_event(APPROVAL_REQUESTED, {TOOL_NAME: call["name"],
                                                 TOOL_CALL_ID: call["id"]})
         if stop in ("error", "invalid_response"):
-            span.set_attribute(ERROR_TYPE, stop)
+            ended[ERROR_TYPE] = stop
             span.set_status(_api.Status(_api.StatusCode.ERROR, (result.error or stop)[:200]))
+        span.set_attributes(ended)
     if stop in ("error", "invalid_response"):
         labels[ERROR_TYPE] = stop
     _count_run(stop, labels, began)
@@ -374,13 +394,13 @@ def task_opened(state: Any, resumed: bool) -> None:
     span = run.span
     if not span.is_recording():
         return
-    span.set_attribute(CONVERSATION, run.conversation)
-    span.set_attribute(TASK_ID, state.task_id)
-    span.set_attribute(RESUMED, resumed)
+    opened: dict[str, Any] = {CONVERSATION: run.conversation, TASK_ID: state.task_id,
+                              RESUMED: resumed}
     if os.environ.get(USER_ID_ENV, "hash").strip().lower() != "omit":
-        span.set_attribute(USER_PSEUDO_ID, pseudonym(state.user_id))
-    if _capturing():
-        span.set_attribute(INPUT_MESSAGES, _messages("user", state.query))
+        opened[USER_PSEUDO_ID] = pseudonym(state.user_id)
+    if run.capture:
+        opened[INPUT_MESSAGES] = _messages("user", state.query)
+    span.set_attributes(opened)
 
 
 def pseudonym(user_id: str) -> str:
@@ -421,11 +441,12 @@ async def _chat_stream(llm: Any, messages: list[dict[str, Any]], schema: dict[st
                        ) -> AsyncIterator[Any]:
     call = _Chat(llm, messages, schema, stream=True)
     pieces = llm.stream(messages, schema=schema).__aiter__()
+    current = _current(call.span)
     try:
         while True:
             # Current only while the model works (its retries land on this span): never
             # across a yield, where the caller's code runs.
-            with _current(call.span):
+            with current:
                 try:
                     piece = await pieces.__anext__()
                 except StopAsyncIteration:
@@ -451,7 +472,7 @@ async def _chat_stream(llm: Any, messages: list[dict[str, Any]], schema: dict[st
 class _Chat:
     """One traced model call: its span, timing and the metrics it records when it ends."""
 
-    __slots__ = ("span", "began", "first", "labels", "completion", "error")
+    __slots__ = ("span", "began", "first", "labels", "completion", "error", "capture")
 
     def __init__(self, llm: Any, messages: list[dict[str, Any]], schema: Any,
                  stream: bool) -> None:
@@ -475,17 +496,18 @@ class _Chat:
         run = _RUN.get()
         if run is not None and run.conversation:
             attributes[CONVERSATION] = run.conversation
-        self.span = _span(f"chat {model}" if model else "chat", "CLIENT", attributes)
-        if _capturing() and self.span.is_recording():
+        self.capture = _tracer is not None and (run.capture if run is not None else _capturing())
+        if self.capture:
             system = [m["content"] for m in messages if m.get("role") == "system"]
             if system:
-                self.span.set_attribute(SYSTEM_INSTRUCTIONS, json.dumps(
+                attributes[SYSTEM_INSTRUCTIONS] = json.dumps(
                     [{"type": "text", "content": _text(text)} for text in system],
-                    ensure_ascii=False))
-            self.span.set_attribute(INPUT_MESSAGES, json.dumps(
+                    ensure_ascii=False)
+            attributes[INPUT_MESSAGES] = json.dumps(
                 [{"role": m.get("role", "user"),
                   "parts": [{"type": "text", "content": _text(m.get("content", ""))}]}
-                 for m in messages if m.get("role") != "system"], ensure_ascii=False))
+                 for m in messages if m.get("role") != "system"], ensure_ascii=False)
+        self.span = _span(f"chat {model}" if model else "chat", "CLIENT", attributes)
         self.began = _now()
         self.first: float | None = None
         self.labels = labels
@@ -495,28 +517,31 @@ class _Chat:
     def chunk(self) -> None:
         if self.first is None:
             self.first = _now() - self.began
-            self.span.set_attribute(FIRST_CHUNK, self.first)
 
     def done(self, completion: Any) -> None:
         self.completion = completion
-        span = self.span
         model = getattr(completion, "model", None)
         if model:
             self.labels[RESPONSE_MODEL] = model
-        if not span.is_recording():
+        if not self.span.is_recording():
             return
+        ended: dict[str, Any] = {}
         if model:
-            span.set_attribute(RESPONSE_MODEL, model)
+            ended[RESPONSE_MODEL] = model
+        if self.first is not None:
+            ended[FIRST_CHUNK] = self.first
         usage = getattr(completion, "usage", None)
         if usage is not None and (usage.input_tokens or usage.output_tokens):
-            span.set_attribute(INPUT_TOKENS, usage.input_tokens)
-            span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
+            ended[INPUT_TOKENS] = usage.input_tokens
+            ended[OUTPUT_TOKENS] = usage.output_tokens
         finish = "length" if getattr(completion, "truncated", False) else "stop"
         if finish == "length":  # otherwise unknown: the adapters keep only whether it was cut
-            span.set_attribute(FINISH_REASONS, (finish,))
-        if _capturing():
-            span.set_attribute(OUTPUT_MESSAGES, _messages(
-                "assistant", getattr(completion, "text", ""), finish))
+            ended[FINISH_REASONS] = (finish,)
+        if self.capture:
+            ended[OUTPUT_MESSAGES] = _messages("assistant", getattr(completion, "text", ""),
+                                               finish)
+        if ended:
+            self.span.set_attributes(ended)
 
     def fail(self, exc: BaseException) -> None:
         self.error = _failed(self.span, exc)
@@ -605,6 +630,9 @@ async def _execute(tool: Any, call: Mapping[str, Any], work: Awaitable[Any]) -> 
         attributes[NETWORK_TRANSPORT] = "tcp" if url else "pipe"
         attributes[MCP_SERVER] = str(getattr(server, "name", ""))
         attributes.update(_server(url))
+    capturing = _tracer is not None and _capture()
+    if capturing:
+        attributes[TOOL_ARGUMENTS] = _text(call.get("args") or {})
     span = _span(f"execute_tool {name}", "INTERNAL", attributes)
     stored = "status" in call  # a call that waited for a person, as the store returns it
     if stored and span.is_recording():
@@ -613,31 +641,29 @@ async def _execute(tool: Any, call: Mapping[str, Any], work: Awaitable[Any]) -> 
         if waited is not None:
             event[APPROVAL_WAIT] = waited
         span.add_event(APPROVAL_EVENT, event)
-    if _capturing() and span.is_recording():
-        span.set_attribute(TOOL_ARGUMENTS, _text(call.get("args") or {}))
     began = _now()
     status, error = "error", None
+    ended: dict[str, Any] = {}
     try:
         with _current(span):
             result = await work
         if result.get("ok"):
             status = "ok"
-            if _capturing() and span.is_recording():
-                span.set_attribute(TOOL_RESULT, _text(result.get("output", "")))
+            if capturing:
+                ended[TOOL_RESULT] = _text(result.get("output", ""))
         else:
             message = str(result.get("error", ""))
             status = "timeout" if message.startswith("timed out") else "error"
-            error = "timeout" if status == "timeout" else "tool_error"
-            if span.is_recording():
-                span.set_attribute(ERROR_TYPE, error)
-                span.set_status(_api.Status(_api.StatusCode.ERROR, message[:200]))
+            error = ended[ERROR_TYPE] = "timeout" if status == "timeout" else "tool_error"
+            span.set_status(_api.Status(_api.StatusCode.ERROR, message[:200]))
         return result
     except BaseException as exc:
         status = "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
         error = _failed(span, exc)
         raise
     finally:
-        span.set_attribute(TOOL_STATUS, status)
+        ended[TOOL_STATUS] = status
+        span.set_attributes(ended)
         span.end()
         if _metrics is not None:
             _metrics.tool_calls.add(1, {TOOL_NAME: name, TOOL_STATUS: status})
@@ -688,13 +714,15 @@ def _seconds_between(start: Any, end: Any) -> float | None:
 
 def store(operation: str, target: Any, work: Awaitable[T]) -> Awaitable[T]:
     """A store round trip (``begin_task``, ``save``, ``complete_task``): an event with its
-    duration on the current span, and ``db.client.operation.duration``."""
+    duration on the current span (events, not spans: a turn makes two or three)."""
     if not _active():
         return work
     return _store(operation, target, work)
 
 
 async def _store(operation: str, target: Any, work: Awaitable[Any]) -> Any:
+    if _tracer is None:
+        return await work  # events only: nothing to record without spans
     began_ns = time.time_ns()
     began = _now()
     error = None
@@ -713,8 +741,6 @@ async def _store(operation: str, target: Any, work: Awaitable[Any]) -> Any:
         span = _api.trace.get_current_span()
         if span.is_recording():
             span.add_event(STORE_EVENT, {**labels, STORE_DURATION: took}, timestamp=began_ns)
-        if _metrics is not None:
-            _metrics.store.record(took, labels)
 
 
 # -- learning -------------------------------------------------------------------------------
@@ -819,69 +845,15 @@ async def learn(llm: Any, messages: list[dict[str, Any]], schema: dict[str, Any]
     finally:
         usage = getattr(completion, "usage", None)
         if usage is not None and (usage.input_tokens or usage.output_tokens):
-            span.set_attribute(INPUT_TOKENS, usage.input_tokens)
-            span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
+            span.set_attributes({INPUT_TOKENS: usage.input_tokens,
+                                 OUTPUT_TOKENS: usage.output_tokens})
         span.end()
         if _metrics is not None:
             _metrics.duration.record(_now() - began, labels)
 
 
-# -- the HTTP service -------------------------------------------------------------------------
-
-
-class TraceRequests:
-    """ASGI middleware: one ``SERVER`` span per HTTP request, continuing an incoming W3C
-    ``traceparent``; the request's work (a run started by it, in its own task) is inside it.
-
-    Records the method, route, path and status: never the query string, a header or a body.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not _active() or _tracer is None:
-            await self.app(scope, receive, send)
-            return
-        carrier: dict[str, str] = {}
-        for key, value in scope.get("headers") or ():
-            if key in (b"traceparent", b"tracestate", b"baggage"):
-                carrier[key.decode("latin-1")] = value.decode("latin-1")[:512]
-        method = str(scope.get("method", "GET"))
-        attributes = {HTTP_METHOD: method, URL_PATH: str(scope.get("path", "")),
-                      URL_SCHEME: str(scope.get("scheme", "http"))}
-        span = _tracer.start_span(method, context=_api.propagate.extract(carrier),
-                                  kind=_api.SpanKind.SERVER, attributes=attributes)
-        status = 0
-
-        async def watched(message: Any) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            with _current(span):
-                await self.app(scope, receive, watched)
-        except BaseException as exc:
-            status = status or 500
-            _failed(span, exc)
-            raise
-        finally:
-            route = getattr(scope.get("route"), "path", None)
-            if isinstance(route, str):
-                span.set_attribute(HTTP_ROUTE, route)
-                span.update_name(f"{method} {route}")
-            if status:
-                span.set_attribute(HTTP_STATUS, status)
-                if status >= 500:
-                    span.set_attribute(ERROR_TYPE, str(status))
-                    span.set_status(_api.Status(_api.StatusCode.ERROR))
-            span.end()
-
-
 __all__: Sequence[str] = (
     "chat", "execute_tool", "generate", "invoke_agent", "learn", "learning", "learning_pending",
     "parse_link", "pseudonym", "retry", "store", "task_opened", "tool_not_run", "trace_field",
-    "trace_link", "TraceRequests",
+    "trace_link",
 )

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__, _telemetry
+from .. import __version__
 from ..agent import Agent
 from . import errors, openai_api, page, routes, telemetry
 from .errors import RequestTooLarge, error_body
@@ -54,6 +54,10 @@ def create_app(agent: Agent, settings: Settings = Settings(), *, metrics: Any = 
         version=__version__,
         summary="A stateful agent for many users: each key acts as its user only.",
         lifespan=lifespan,
+        # FastAPI traces each request (continuing a W3C traceparent) once a provider is set;
+        # a run started by a request is inside its span. Its logs would carry the input
+        # values of a rejected body (a query): off, as no content is recorded by default.
+        telemetry={"logs": False},
     )
     app.state.store = agent.store
     app.state.runs = runs
@@ -78,7 +82,6 @@ def create_app(agent: Agent, settings: Settings = Settings(), *, metrics: Any = 
     if metrics is not None:
         telemetry.serve_metrics(app, metrics)
     app.add_middleware(_Limits, max_body=settings.max_body)
-    app.add_middleware(_telemetry.TraceRequests)  # outermost: a request's span holds it all
     return app
 
 

@@ -1,0 +1,191 @@
+"""What OpenTelemetry costs a turn: no provider set, and the SDK with in-memory exporters.
+
+The same durable turns (a ScriptedLLM that answers at once, SQLite, the conversation carried
+from turn to turn) are timed in three modes, side by side in one run:
+
+- ``bare``: the telemetry hooks replaced by pass-throughs (the code as if uninstrumented);
+- ``no provider``: the real hooks, OpenTelemetry imported (as FastAPI, the Anthropic SDK or
+  MCP import it) but no provider set: every hook finds nothing to do;
+- ``in-memory``: the OpenTelemetry SDK set up as a test or an application would, spans into
+  an ``InMemorySpanExporter`` (``SimpleSpanProcessor``: exported as each span ends) and
+  metrics into an ``InMemoryMetricReader``.
+
+Providers are global and set once per process, so each comparison runs in its own worker
+process against ``bare`` in that same process: batches of turns alternate between the modes
+(the machine's noise hits both alike) and the ratio of the medians is reported, for a one-step
+turn (one model call) and a tool-call turn (two model calls and a tool). Goals: ``no
+provider`` <= 1.02, ``in-memory`` <= 1.10.
+
+    python -m bench.bench_otel            # 30 batches of 20 turns per mode and kind
+    python -m bench.bench_otel --quick    # 8 batches
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+ANSWER = {
+    "secure": True, "objective": "answer the question", "understanding": "a simple question",
+    "approach": "answer directly", "discoveries": "", "response": "Here is the answer.",
+    "actions": [],
+}
+TOOL_STEP = {**ANSWER, "response": None, "actions": [{"name": "echo", "args": {"text": "hi"}}]}
+QUESTION = "What is the capital of France, and why is it the capital? Answer briefly."
+KINDS = ("one-step", "tool-call")
+
+
+def bare_hooks() -> Callable[[bool], None]:
+    """A switch between the real telemetry hooks and pass-throughs."""
+    from cogency import _telemetry
+
+    real = {name: getattr(_telemetry, name) for name in (
+        "invoke_agent", "task_opened", "chat", "execute_tool", "store", "retry", "trace_field")}
+    passes: dict[str, Any] = {
+        "invoke_agent": lambda llm, work: work,
+        "task_opened": lambda state, resumed: None,
+        "chat": lambda llm, messages, schema: llm.stream(messages, schema=schema),
+        "execute_tool": lambda tool, call, work: work,
+        "store": lambda operation, target, work: work,
+        "retry": lambda attempt, delay, reason: None,
+        "trace_field": lambda: {},
+    }
+
+    def use(bare: bool) -> None:
+        for name, hook in (passes if bare else real).items():
+            setattr(_telemetry, name, hook)
+
+    return use
+
+
+def set_in_memory_providers() -> Callable[[], None]:
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    return exporter.clear
+
+
+async def worker(mode: str, batches: int, per_batch: int, tmp: Path) -> dict[str, Any]:
+    """Alternate batches of turns between ``bare`` and ``mode``; per-turn wall and CPU times."""
+    import opentelemetry.trace  # noqa: F401 - loaded, as in a process that serves HTTP
+
+    from cogency import Agent, tool
+    from cogency.storage import SQLiteStore
+    from cogency.testing import ScriptedLLM
+
+    clear = set_in_memory_providers() if mode == "in-memory" else (lambda: None)
+    use = bare_hooks()
+
+    @tool
+    def echo(text: str) -> str:
+        """Return the text unchanged."""
+        return text
+
+    agents: dict[tuple[str, str], Any] = {}
+    conversations: dict[tuple[str, str], str | None] = {}
+    for variant, kind in itertools.product(("bare", mode), KINDS):
+        script = itertools.cycle([ANSWER] if kind == "one-step" else [TOOL_STEP, ANSWER])
+        store = SQLiteStore(tmp / f"{mode}-{variant}-{kind}.db")
+        agents[variant, kind] = Agent(llm=ScriptedLLM(script), tools=[echo], store=store)
+        conversations[variant, kind] = None
+    times: dict[tuple[str, str], tuple[list[float], list[float]]] = {
+        key: ([], []) for key in agents}
+
+    async def turns(variant: str, kind: str, count: int, record: bool) -> None:
+        use(variant == "bare")
+        agent = agents[variant, kind]
+        for _ in range(count):
+            wall, cpu = time.perf_counter(), time.process_time()
+            result = await agent.run(QUESTION, conversation_id=conversations[variant, kind])
+            if record:
+                times[variant, kind][0].append(time.perf_counter() - wall)
+                times[variant, kind][1].append(time.process_time() - cpu)
+            conversations[variant, kind] = result.conversation_id
+            agent.llm.calls.clear()
+        clear()
+
+    for variant, kind in agents:  # warm up: imports, files, the history window filling
+        await turns(variant, kind, 30, record=False)
+    for batch in range(batches):
+        order = ("bare", mode) if batch % 2 == 0 else (mode, "bare")
+        for kind in KINDS:
+            for variant in order:
+                await turns(variant, kind, per_batch, record=True)
+    for agent in agents.values():
+        await agent.close()
+        await agent.store.close()
+    report: dict[str, Any] = {"mode": mode}
+    for kind in KINDS:
+        base, measured = times["bare", kind], times[mode, kind]
+        report[kind] = {
+            "bare_ms": statistics.median(base[0]) * 1000,
+            "mode_ms": statistics.median(measured[0]) * 1000,
+            "wall_ratio": statistics.median(measured[0]) / statistics.median(base[0]),
+            "cpu_ratio": statistics.median(measured[1]) / statistics.median(base[1]),
+            "turns": len(measured[0]),
+        }
+    return report
+
+
+GOALS = {"no provider": 1.02, "in-memory": 1.10}
+
+
+def main(quick: bool) -> None:
+    batches, per_batch = (8, 20) if quick else (30, 20)
+    print(f"per-turn time, {batches} alternating batches of {per_batch} turns per mode "
+          "(medians; each mode against `bare` in its own process)")
+    print(f"{'mode':<12} {'turn':<10} {'bare':>9} {'mode':>9} {'wall ×':>8} {'CPU ×':>8}  goal")
+    for mode in ("no provider", "in-memory"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.bench_otel", "--worker", mode,
+             "--batches", str(batches), "--per-batch", str(per_batch)],
+            capture_output=True, text=True, check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"the {mode} worker failed:\n{done.stderr}")
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        for kind in KINDS:
+            row = report[kind]
+            met = "met" if row["wall_ratio"] <= GOALS[mode] else "NOT met"
+            print(f"{mode:<12} {kind:<10} {row['bare_ms']:>6.3f} ms {row['mode_ms']:>6.3f} ms "
+                  f"{row['wall_ratio']:>8.3f} {row['cpu_ratio']:>8.3f}  <= {GOALS[mode]:.2f} "
+                  f"{met}")
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer batches")
+    parser.add_argument("--worker", choices=tuple(GOALS), help=argparse.SUPPRESS)
+    parser.add_argument("--batches", type=int, default=30, help=argparse.SUPPRESS)
+    parser.add_argument("--per-batch", type=int, default=20, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        with tempfile.TemporaryDirectory() as tmp:
+            work: Awaitable[dict[str, Any]] = worker(args.worker, args.batches, args.per_batch,
+                                                     Path(tmp))
+            print(json.dumps(asyncio.run(work)))  # type: ignore[arg-type]
+        return
+    main(args.quick)
+
+
+if __name__ == "__main__":
+    cli()
