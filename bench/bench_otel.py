@@ -11,13 +11,14 @@ from turn to turn) are timed in three modes, side by side in one run:
   metrics into an ``InMemoryMetricReader``.
 
 Providers are global and set once per process, so each comparison runs in its own worker
-process against ``bare`` in that same process: batches of turns alternate between the modes
-(the machine's noise hits both alike) and the ratio of the medians is reported, for a one-step
-turn (one model call) and a tool-call turn (two model calls and a tool). Goals: ``no
-provider`` <= 1.02, ``in-memory`` <= 1.10.
+process against ``bare`` in that same process: turns alternate between the two modes one by
+one (each mode its own agent, database file and conversation), so a burst of load on the
+machine hits both alike, and the ratio of the medians is reported, in wall time and in the
+process's CPU time (all threads), for a one-step turn (one model call) and a tool-call turn
+(two model calls and a tool). Goals: ``no provider`` <= 1.02, ``in-memory`` <= 1.10.
 
-    python -m bench.bench_otel            # 30 batches of 20 turns per mode and kind
-    python -m bench.bench_otel --quick    # 8 batches
+    python -m bench.bench_otel            # 600 turns per mode and kind
+    python -m bench.bench_otel --quick    # 160
 """
 
 from __future__ import annotations
@@ -110,26 +111,29 @@ async def worker(mode: str, batches: int, per_batch: int, tmp: Path) -> dict[str
     times: dict[tuple[str, str], tuple[list[float], list[float]]] = {
         key: ([], []) for key in agents}
 
-    async def turns(variant: str, kind: str, count: int, record: bool) -> None:
+    async def turn(variant: str, kind: str, record: bool) -> None:
         use(variant == "bare")
         agent = agents[variant, kind]
-        for _ in range(count):
-            wall, cpu = time.perf_counter(), time.process_time()
-            result = await agent.run(QUESTION, conversation_id=conversations[variant, kind])
-            if record:
-                times[variant, kind][0].append(time.perf_counter() - wall)
-                times[variant, kind][1].append(time.process_time() - cpu)
-            conversations[variant, kind] = result.conversation_id
-            agent.llm.calls.clear()
-        clear()
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = await agent.run(QUESTION, conversation_id=conversations[variant, kind])
+        if record:
+            times[variant, kind][0].append(time.perf_counter() - wall)
+            times[variant, kind][1].append(time.process_time() - cpu)
+        conversations[variant, kind] = result.conversation_id
+        agent.llm.calls.clear()
 
     for variant, kind in agents:  # warm up: imports, files, the history window filling
-        await turns(variant, kind, 30, record=False)
+        for _ in range(30):
+            await turn(variant, kind, record=False)
     for batch in range(batches):
-        order = ("bare", mode) if batch % 2 == 0 else (mode, "bare")
         for kind in KINDS:
-            for variant in order:
-                await turns(variant, kind, per_batch, record=True)
+            for step in range(per_batch):
+                # Turn by turn, the order flipping each pair: a burst of load on the machine
+                # hits both modes alike.
+                order = ("bare", mode) if (batch + step) % 2 == 0 else (mode, "bare")
+                for variant in order:
+                    await turn(variant, kind, record=True)
+        clear()
     for agent in agents.values():
         await agent.close()
         await agent.store.close()
@@ -151,8 +155,8 @@ GOALS = {"no provider": 1.02, "in-memory": 1.10}
 
 def main(quick: bool) -> None:
     batches, per_batch = (8, 20) if quick else (30, 20)
-    print(f"per-turn time, {batches} alternating batches of {per_batch} turns per mode "
-          "(medians; each mode against `bare` in its own process)")
+    print(f"per-turn time over {batches * per_batch} turns of each mode and kind, alternating "
+          "turn by turn with `bare` (medians; each mode in its own process)")
     print(f"{'mode':<12} {'turn':<10} {'bare':>9} {'mode':>9} {'wall ×':>8} {'CPU ×':>8}  goal")
     for mode in ("no provider", "in-memory"):
         done = subprocess.run(

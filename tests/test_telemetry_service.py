@@ -121,12 +121,20 @@ def test_the_cogency_command_exports_its_runs_under_traceparent(tmp_path, db_pat
     assert "learn about me" not in " ".join(values(spans))
 
 
-def test_without_the_variables_the_command_exports_nothing(tmp_path, db_path):
+def test_without_the_variables_or_with_the_sdk_disabled_the_command_exports_nothing(
+        tmp_path, db_path):
     with Receiver() as otlp:
-        env = {name: "" for name in os.environ if name.startswith("OTEL_")}
-        done = Cli(tmp_path, db_path)("run", "hi", script=[step(response="hello")], **env)
+        unset = {name: "" for name in os.environ if name.startswith("OTEL_")}
+        cli = Cli(tmp_path, db_path)
+        done = cli("run", "hi", script=[step(response="hello")], **unset)
         assert done.returncode == 0, done.stderr
-        assert otlp.raw() == b""
+        done = cli("run", "hi", script=[step(response="hello")], **otlp.env(),
+                   OTEL_SDK_DISABLED="true")
+        assert done.returncode == 0, done.stderr
+        # Against the same receiver, the same command with export asked does export.
+        done = cli("run", "hi", script=[step(response="hello")], **otlp.env())
+        assert done.returncode == 0, done.stderr
+        assert [s.name for s in otlp.spans()] == ["chat scripted", "invoke_agent cogency"]
 
 
 def test_a_protocol_cogency_cannot_speak_is_a_clear_error(tmp_path, db_path):
