@@ -131,7 +131,8 @@ async def test_a_run_is_one_invoke_agent_span_over_its_chat_and_tool_spans(
     # The store's round trips, as events of the run with their time.
     stored = [(event.name, event.attributes["db.operation.name"],
                event.attributes["db.system.name"]) for event in run.events]
-    assert stored == [("cogency.store", "begin_task", "sqlite"), ("cogency.store", "save", "sqlite"),
+    assert stored == [("cogency.store", "begin_task", "sqlite"),
+                      ("cogency.store", "save", "sqlite"),
                       ("cogency.store", "complete_task", "sqlite")]
     assert all(event.attributes["cogency.store.duration"] > 0 for event in run.events)
     # Each model call: CLIENT, its own usage (summing to the run's), time to the first piece.
@@ -291,28 +292,51 @@ async def test_model_failures_retries_and_tool_errors_are_statuses_and_events(
     assert run.attributes["error.type"] == "error"
 
 
-async def test_learning_is_a_new_trace_linked_to_the_run_even_from_stored_json(spans, db_path):
-    learned = {"preferences": [], "goals": ["learn rust"], "expertise": [],
-               "communication_style": "", "project_context": [], "interests": [],
-               "constraints": [], "success_pattern": "", "failure_pattern": ""}
-    llm = ScriptedLLM([step(response="ok"), learned, learned], count_usage=True)
-    async with Agent(llm=llm, store=str(db_path), memory=True) as agent:
+LEARNED = {"preferences": [], "goals": ["learn rust"], "expertise": [],
+           "communication_style": "", "project_context": [], "interests": [],
+           "constraints": [], "success_pattern": "", "failure_pattern": ""}
+CONSOLIDATED = {"preferences": [], "goals": ["learn rust"], "expertise_areas": [],
+                "communication_style": "", "projects": [], "interests": [], "constraints": [],
+                "success_patterns": [], "failure_patterns": []}
+
+
+async def test_learning_is_a_new_trace_linked_to_the_run_even_from_stored_json(
+        spans, reader, db_path, db):
+    learned, release = LEARNED, asyncio.Event()
+
+    async def extraction(messages):
+        await release.wait()  # held: the learning is pending meanwhile
+        return learned
+
+    pending = points(reader, "cogency.memory.pending")
+    learner = ScriptedLLM([extraction, CONSOLIDATED], count_usage=True)
+    async with Agent(llm=ScriptedLLM([step(response="ok")]), store=str(db_path),
+                     memory=Memory(llm=learner, synthesis_threshold=1)) as agent:
         result = await agent.run("I want to learn Rust", user_id="dana")
+        assert delta(pending, points(reader, "cogency.memory.pending")) == {frozenset(): 1}
+        release.set()
+        await agent.memory.settle()
+        assert delta(pending, points(reader, "cogency.memory.pending")) == {}
+    [(stored,)] = db.execute("SELECT profile_data FROM user_profiles WHERE user_id = 'dana'")
+    assert json.loads(stored)["synthesis_version"] == 2  # learned, then consolidated
     finished = spans.get_finished_spans()
     [run] = named(finished, "invoke_agent cogency")
-    [memory] = named(finished, "upsert_memory")
-    [chat] = [s for s in named(finished, "chat scripted") if s.parent and
-              s.parent.span_id == memory.context.span_id]
-    assert memory.parent is None and memory.context.trace_id != run.context.trace_id
-    [link] = memory.links
-    assert (link.context.trace_id, link.context.span_id) == (
-        run.context.trace_id, run.context.span_id)
-    assert memory.attributes["gen_ai.operation.name"] == "upsert_memory"
-    assert memory.attributes["cogency.memory.phase"] == "extraction"
-    assert memory.attributes["cogency.task.id"] == result.task_id
-    assert memory.attributes["gen_ai.usage.input_tokens"] == \
-        chat.attributes["gen_ai.usage.input_tokens"] > 0
-    assert chat.attributes["gen_ai.request.stream"] is False
+    # Extraction, then consolidation: each a trace of its own, linked to the run, each with
+    # its model call (and that call's usage) inside.
+    for operation, phase in (("upsert_memory", "extraction"), ("update_memory", "consolidation")):
+        [memory] = named(finished, operation)
+        [chat] = [s for s in named(finished, "chat scripted") if s.parent and
+                  s.parent.span_id == memory.context.span_id]
+        assert memory.parent is None and memory.context.trace_id != run.context.trace_id
+        [link] = memory.links
+        assert (link.context.trace_id, link.context.span_id) == (
+            run.context.trace_id, run.context.span_id)
+        assert memory.attributes["gen_ai.operation.name"] == operation
+        assert memory.attributes["cogency.memory.phase"] == phase
+        assert memory.attributes["cogency.task.id"] == result.task_id
+        assert memory.attributes["gen_ai.usage.input_tokens"] == \
+            chat.attributes["gen_ai.usage.input_tokens"] > 0
+        assert chat.attributes["gen_ai.request.stream"] is False
 
     # What is kept to learn later carries the link as JSON; learning from it in a fresh
     # context (another process, later) links to the same run.
@@ -331,7 +355,7 @@ async def test_learning_is_a_new_trace_linked_to_the_run_even_from_stored_json(s
         f"{run.context.trace_flags:02x}")
 
     async def later(interaction):
-        memory = Memory(store=agent.store, llm=ScriptedLLM([learned]))
+        memory = Memory(store=agent.store, llm=ScriptedLLM([LEARNED]))
         try:
             await memory.learn("erin", interaction)
         finally:

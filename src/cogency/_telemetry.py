@@ -1,4 +1,4 @@
-"""OpenTelemetry: every span, event, metric and attribute Cogency emits, and the hooks that emit them.
+"""OpenTelemetry: every span, event, metric and attribute Cogency emits, and the hooks for them.
 
 Only the OpenTelemetry *API* is used, and only once something made it worth it: ``import
 cogency`` imports no OpenTelemetry module, and until an SDK tracer or meter provider is set
@@ -11,12 +11,13 @@ Names follow the OpenTelemetry GenAI semantic conventions (development status): 
 ``invoke_agent {agent}`` per run or resume, ``chat {model}`` per model call, ``execute_tool
 {tool}`` per tool call (MCP ones too, with the MCP attributes), ``upsert_memory`` and
 ``update_memory`` per learning extraction and consolidation (new traces, *linked* to the run
-they learned from, in whatever process they run). (FastAPI traces ``cogency serve``'s requests
-itself; a run is inside the span of the request that started it.)
-Store round trips are events (``cogency.store``) on the span they happen in. Metrics:
+they learned from, in whatever process they run). Store round trips are events
+(``cogency.store``) on the span they happen in. FastAPI traces ``cogency serve``'s requests
+itself; a run is inside the span of the request that started it. Metrics:
 ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``,
-``gen_ai.client.operation.time_to_first_chunk``, and Cogency's ``cogency.runs``, ``cogency.tool.calls``, ``cogency.memory.pending``,
-``cogency.approvals.pending``; none carries a user, conversation or task id.
+``gen_ai.client.operation.time_to_first_chunk``, and Cogency's ``cogency.runs``,
+``cogency.tool.calls``, ``cogency.memory.pending``, ``cogency.approvals.pending``; none
+carries a user, conversation or task id.
 
 Message content (queries, answers, prompts, tool arguments and results) is recorded only with
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``, and then redacted and cut as tool
@@ -51,7 +52,7 @@ USER_ID_ENV = "COGENCY_OTEL_USER_ID"
 MAX_CONTENT_CHARS = 20_000
 """Each recorded message or tool result is cut to this (after redaction), as tool output is."""
 
-# -- attribute names (GenAI, MCP, DB, HTTP semantic conventions; ``cogency.*`` our own) -----
+# -- attribute names (GenAI, MCP, DB semantic conventions; ``cogency.*`` our own) -------------
 
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
@@ -165,9 +166,9 @@ def _active() -> bool:
 def _probe() -> None:
     global _tracer, _metrics, _api
     if _api is None:
-        from opentelemetry import context, metrics, propagate, trace
+        from opentelemetry import context, metrics, trace
 
-        _api = _Api(context, metrics, propagate, trace)
+        _api = _Api(context, metrics, trace)
     api = _api
     # The API's own getters read the environment on every call (microseconds each, per hook);
     # its module globals say at once whether a provider was set. Where they are missing (a
@@ -187,10 +188,12 @@ _UNSET_METERS = ("_ProxyMeterProvider", "NoOpMeterProvider")
 
 
 class _Api:
-    def __init__(self, context: Any, metrics: Any, propagate: Any, trace: Any) -> None:
+    """The API's modules and names, looked up once."""
+
+    def __init__(self, context: Any, metrics: Any, trace: Any) -> None:
         from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-        self.context, self.metrics, self.propagate, self.trace = context, metrics, propagate, trace
+        self.context, self.metrics, self.trace = context, metrics, trace
         self.Link, self.SpanKind, self.Status, self.StatusCode = Link, SpanKind, Status, StatusCode
         self.INVALID_SPAN = trace.INVALID_SPAN
         self.unset_tracers = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)

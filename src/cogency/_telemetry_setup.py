@@ -1,4 +1,4 @@
-"""The OpenTelemetry SDK for Cogency's own programs (the CLI and ``cogency serve``), from ``OTEL_*``.
+"""The OpenTelemetry SDK for Cogency's own programs (the CLI, ``cogency serve``) from ``OTEL_*``.
 
 A library never configures the SDK: code that uses ``Agent`` sets its own providers. The
 ``cogency`` command is an application, so it does, when asked by the standard variables and
