@@ -349,16 +349,18 @@ async def _invoke(llm: Any, work: Awaitable[Any]) -> Any:
         raise
     finally:
         _RUN.reset(token)
-    _finish_run(span, result, labels, began)
+    _finish_run(span, result, labels, began, opened=run.conversation is not None)
     span.end()
     return result
 
 
-def _finish_run(span: Any, result: Any, labels: dict[str, Any], began: float) -> None:
+def _finish_run(span: Any, result: Any, labels: dict[str, Any], began: float,
+                opened: bool) -> None:
     stop = result.stop_reason
     if span.is_recording():
-        ended: dict[str, Any] = {STOP_REASON: stop, ITERATIONS: result.iterations,
-                                 CONVERSATION: result.conversation_id, TASK_ID: result.task_id}
+        ended: dict[str, Any] = {STOP_REASON: stop, ITERATIONS: result.iterations}
+        if not opened:  # task_opened did not say (a stand-in agent): the result does
+            ended[CONVERSATION], ended[TASK_ID] = result.conversation_id, result.task_id
         if result.usage.input_tokens or result.usage.output_tokens:
             ended[INPUT_TOKENS] = result.usage.input_tokens
             ended[OUTPUT_TOKENS] = result.usage.output_tokens
