@@ -14,13 +14,16 @@ Providers are global and set once per process, so each comparison runs in its ow
 process against ``bare`` in that same process: turns alternate between the two modes one by
 one (each mode its own agent, database file and conversation), so a burst of load on the
 machine hits both alike, and the ratio of the medians is reported, in wall time and in the
-process's CPU time (all threads), for a one-step turn (one model call) and a tool-call turn
-(two model calls and a tool). Goals: ``no provider`` <= 1.02, ``in-memory`` <= 1.10.
+process's CPU time (all threads), for a one-step turn (one model call), a tool-call turn
+(two model calls and a tool) and a one-step turn whose model takes 20 ms. Goals: ``no
+provider`` <= 1.02, ``in-memory`` <= 1.10.
 
 ``SDK floor``: the CPU time of the OpenTelemetry SDK operations such a turn records (its spans,
 events and metric points, with the same attributes), made directly in the same process between
 the turns: what any instrumentation recording as much pays, whoever wrote it. ``+CPU/turn``
-less the floor is what Cogency's hooks add on top.
+less the floor is what Cogency's hooks add on top. ``calls``: Python function calls per turn
+(cProfile, bare > mode), deterministic where time is not on a busy machine (the C work of
+SQLite and tiktoken is not counted), and the floor's.
 
     python -m bench.bench_otel            # 600 turns per mode and kind
     python -m bench.bench_otel --quick    # 160
@@ -30,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import itertools
 import json
+import pstats
 import statistics
 import subprocess
 import sys
@@ -48,7 +53,9 @@ ANSWER = {
 }
 TOOL_STEP = {**ANSWER, "response": None, "actions": [{"name": "echo", "args": {"text": "hi"}}]}
 QUESTION = "What is the capital of France, and why is it the capital? Answer briefly."
-KINDS = ("one-step", "tool-call")
+KINDS = ("one-step", "tool-call", "20ms-model")
+"""A turn of one model call, of two calls and a tool, and of one call to a model that takes
+20 ms (still faster than any hosted model) to show the overhead against a model's time."""
 
 
 def bare_hooks() -> Callable[[bool], None]:
@@ -101,7 +108,7 @@ def sdk_floor() -> Callable[[str], None]:
             run.add_event("cogency.store", {"db.system.name": "sqlite",
                                             "db.operation.name": operation,
                                             "cogency.store.duration": 0.001})
-        for call in range(2 if kind == "tool-call" else 1):
+        for call in range(2 if kind == "tool-call" else 1):  # (the 20 ms model: one call)
             chat = tracer.start_span("chat x", attributes=chat_attributes)
             chat.end()
             duration.record(0.001, labels)
@@ -157,9 +164,10 @@ async def worker(mode: str, batches: int, per_batch: int, tmp: Path) -> dict[str
     agents: dict[tuple[str, str], Any] = {}
     conversations: dict[tuple[str, str], str | None] = {}
     for variant, kind in itertools.product(("bare", mode), KINDS):
-        script = itertools.cycle([ANSWER] if kind == "one-step" else [TOOL_STEP, ANSWER])
+        script = itertools.cycle([TOOL_STEP, ANSWER] if kind == "tool-call" else [ANSWER])
         store = SQLiteStore(tmp / f"{mode}-{variant}-{kind}.db")
-        agents[variant, kind] = Agent(llm=ScriptedLLM(script), tools=[echo], store=store)
+        llm = ScriptedLLM(script, delay=0.02 if kind == "20ms-model" else 0.0)
+        agents[variant, kind] = Agent(llm=llm, tools=[echo], store=store)
         conversations[variant, kind] = None
     times: dict[tuple[str, str], tuple[list[float], list[float]]] = {
         key: ([], []) for key in [*agents, *(("floor", kind) for kind in KINDS)]}
@@ -193,6 +201,25 @@ async def worker(mode: str, batches: int, per_batch: int, tmp: Path) -> dict[str
                     times["floor", kind][0].append(time.perf_counter() - wall)
                     times["floor", kind][1].append(time.process_time() - cpu)
         clear()
+    # Python function calls per turn: what time measures, but deterministic, so it is the
+    # same on a busy machine (C work, SQLite's and tiktoken's, is not counted).
+    calls: dict[tuple[str, str], float] = {}
+    for variant, kind in agents:
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(20):
+            await turn(variant, kind, record=False)
+        profile.disable()
+        calls[variant, kind] = pstats.Stats(profile).total_calls / 20  # type: ignore[attr-defined]
+        clear()
+    if floor is not None:
+        for kind in KINDS:
+            profile = cProfile.Profile()
+            profile.enable()
+            floor(kind)
+            profile.disable()
+            calls["floor", kind] = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+        clear()
     for agent in agents.values():
         await agent.close()
         await agent.store.close()
@@ -206,9 +233,12 @@ async def worker(mode: str, batches: int, per_batch: int, tmp: Path) -> dict[str
             "cpu_ratio": statistics.median(measured[1]) / statistics.median(base[1]),
             "added_cpu_us": (statistics.median(measured[1]) - statistics.median(base[1])) * 1e6,
             "turns": len(measured[0]),
+            "bare_calls": calls["bare", kind],
+            "mode_calls": calls[mode, kind],
         }
         if floor is not None:
             report[kind]["floor_cpu_us"] = statistics.median(times["floor", kind][1]) * 1e6
+            report[kind]["floor_calls"] = calls["floor", kind]
     return report
 
 
@@ -220,7 +250,8 @@ def main(quick: bool) -> None:
     print(f"per-turn time over {batches * per_batch} turns of each mode and kind, alternating "
           "turn by turn with `bare` (medians; each mode in its own process)")
     print(f"{'mode':<12} {'turn':<10} {'bare':>9} {'mode':>9} {'wall ×':>8} {'CPU ×':>8} "
-          f"{'+CPU/turn':>10} {'SDK floor':>10}  goal (wall)")
+          f"{'+CPU/turn':>10} {'SDK floor':>10} {'calls':>11} {'×':>6} {'floor':>6}  "
+          "goal (wall)")
     for mode in ("no provider", "in-memory"):
         done = subprocess.run(
             [sys.executable, "-m", "bench.bench_otel", "--worker", mode,
@@ -234,9 +265,13 @@ def main(quick: bool) -> None:
             row = report[kind]
             met = "met" if row["wall_ratio"] <= GOALS[mode] else "NOT met"
             floor_us = f"{row['floor_cpu_us']:>7.0f} us" if "floor_cpu_us" in row else f"{'':>10}"
+            floor_calls = f"{row['floor_calls']:>6.0f}" if "floor_calls" in row else f"{'':>6}"
             print(f"{mode:<12} {kind:<10} {row['bare_ms']:>6.3f} ms {row['mode_ms']:>6.3f} ms "
                   f"{row['wall_ratio']:>8.3f} {row['cpu_ratio']:>8.3f} "
-                  f"{row['added_cpu_us']:>7.0f} us {floor_us}  <= {GOALS[mode]:.2f} {met}")
+                  f"{row['added_cpu_us']:>7.0f} us {floor_us} "
+                  f"{row['bare_calls']:>5.0f}>{row['mode_calls']:<5.0f} "
+                  f"{row['mode_calls'] / row['bare_calls']:>6.3f} {floor_calls}  "
+                  f"<= {GOALS[mode]:.2f} {met}")
 
 
 def cli() -> None:
