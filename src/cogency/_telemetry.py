@@ -236,8 +236,7 @@ def _version() -> str:
     return __version__
 
 
-def _now() -> float:
-    return time.perf_counter()
+_now = time.perf_counter
 
 
 def _span(name: str, kind: str, attributes: dict[str, Any], **options: Any) -> Any:
