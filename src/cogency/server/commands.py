@@ -160,7 +160,8 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
             listener = _listen(args.host, args.port)
             host, port = listener.getsockname()[:2]
             config = uvicorn.Config(
-                create_app(agent, settings, metrics=args.telemetry.registry),
+                create_app(agent, settings,
+                           metrics=getattr(getattr(args, "telemetry", None), "registry", None)),
                 log_config=None, access_log=False,
                 timeout_graceful_shutdown=args.grace, server_header=False,
             )
