@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from . import _telemetry
 from ._answer import AnswerStream
 from ._json import dumps
 from .approvals import Policy, check_policy, pause_reason, run_step, settle_decided
@@ -384,10 +385,9 @@ class Agent:
     ) -> _EventStream:
         if self._closed:
             raise UsageError("this agent is closed; create a new Agent")
-        return _EventStream(
-            lambda emit: self._execute(open_task, emit, user_id, query, approvals, request,
-                                       results),
-            self)
+        return _EventStream(lambda emit: _telemetry.invoke_agent(
+            self.llm, self._execute(open_task, emit, user_id, query, approvals, request,
+                                    results)), self)
 
     async def _execute(
         self,
@@ -409,6 +409,7 @@ class Agent:
             # Before anything is stored: a query that can never fit is the caller's to fix.
             self._check_fits(query, window, tools, request or ClientRequest())
         state, resumed = await open_task(runner)
+        _telemetry.task_opened(state, resumed)
         if request is None:
             request = ClientRequest.from_settings(state.settings)
             tools = request.tools_with(tools)

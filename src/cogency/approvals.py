@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Union
 
+from . import _telemetry
 from ._json import dumps
 from .errors import ApprovalRequiredError, UsageError
 from .events import Action, Event, Result
@@ -203,6 +204,7 @@ async def _ask(policy: Policy, call: dict[str, Any]) -> bool:
 
 
 def _refused(call: dict[str, Any], error: str, **flag: bool) -> dict[str, Any]:
+    _telemetry.tool_not_run(call, next(iter(flag)))
     named = {"id": call["id"]} if "id" in call else {}
     return {"name": call["name"], "args": call.get("args") or {}, **named, "ok": False,
             "error": error, **flag}

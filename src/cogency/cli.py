@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ._telemetry_setup import configure as configure_telemetry
 from .tools.spec import TOOL_SETS, builtin_tools, mcp_servers
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -68,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     progress: dict[str, Any] = {}
     try:
+        args.telemetry = configure_telemetry(metrics=getattr(args, "metrics", False))
         outcome = args.handler(args, progress)
         return int(asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome)
     except BrokenPipeError:  # stdout was closed (`cogency tasks | head -1`): nothing to say
@@ -84,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _concrete(str(exc) or type(exc).__name__, args, progress.get("task_id"))
         print(f"error: {visible(message)}", file=sys.stderr)
         return EXIT_ERROR
+    finally:  # exports what the command traced (a no-op unless OTEL_* asked for it)
+        if getattr(args, "telemetry", None) is not None:
+            args.telemetry.close()
 
 
 def _concrete(message: str, args: argparse.Namespace, task: str | None) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _telemetry
 from .errors import (
     AuthenticationError,
     ConfigurationError,
@@ -140,7 +141,7 @@ async def _complete(
         streamed: list[str] = []
         try:
             completion = None
-            async for piece in llm.stream(messages, schema=schema):
+            async for piece in _telemetry.chat(llm, messages, schema):
                 if isinstance(piece, Completion):
                     completion = piece
                 elif piece:

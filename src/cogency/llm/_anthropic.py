@@ -113,19 +113,22 @@ class AnthropicLLM(ProviderLLM):
             )
             self._check_enforced(schema, bool(calls))
             yield Completion(text, _usage(reply.usage, None),
-                             truncated=reply.stop_reason == "max_tokens")
+                             truncated=reply.stop_reason == "max_tokens",
+                             model=getattr(reply, "model", None))
             return
         events = await self._client.messages.create(**request, stream=True)
         parts: list[str] = []
         start_usage = None
         delta_usage = None
         stop_reason = None
+        model = None
         in_call = False
         async with events:
             async for event in events:
                 kind = event.type
                 if kind == "message_start":
                     start_usage = event.message.usage
+                    model = getattr(event.message, "model", None)
                 elif kind == "content_block_start":
                     block = event.content_block
                     if block.type == "tool_use" and block.name == STEP_TOOL and not in_call:
@@ -141,7 +144,7 @@ class AnthropicLLM(ProviderLLM):
         self._check_stop(stop_reason)
         self._check_enforced(schema, in_call)
         yield Completion("".join(parts), _usage(start_usage, delta_usage),
-                         truncated=stop_reason == "max_tokens")
+                         truncated=stop_reason == "max_tokens", model=model)
 
     def _cannot(self, option: str, value: Any) -> str | None:
         if option == "seed":

@@ -106,13 +106,16 @@ class GeminiLLM(ProviderLLM):
             reply = await models.generate_content(**request)
             self._check_blocked(reply)
             yield Completion(_text(reply), _usage(reply.usage_metadata),
-                             truncated=_finish(reply) == "MAX_TOKENS")
+                             truncated=_finish(reply) == "MAX_TOKENS",
+                             model=getattr(reply, "model_version", None))
             return
         parts: list[str] = []
         usage = Usage(calls=1)
         finish = ""
+        model = None
         async for chunk in await models.generate_content_stream(**request):
             self._check_blocked(chunk)
+            model = getattr(chunk, "model_version", None) or model
             finish = _finish(chunk) or finish
             text = _text(chunk)
             if text:
@@ -120,7 +123,7 @@ class GeminiLLM(ProviderLLM):
                 yield text
             if chunk.usage_metadata is not None:
                 usage = _usage(chunk.usage_metadata)
-        yield Completion("".join(parts), usage, truncated=finish == "MAX_TOKENS")
+        yield Completion("".join(parts), usage, truncated=finish == "MAX_TOKENS", model=model)
 
     def _cannot(self, option: str, value: Any) -> str | None:
         if option == "reasoning_effort" and value == "max":

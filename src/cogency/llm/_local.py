@@ -273,7 +273,7 @@ class LocalLLM(OpenAILLM):
                         # A whole step (never truncated itself), even when the answer was cut.
                         yield Completion(
                             json.dumps({"response": _finished(piece.text, piece.truncated)}),
-                            piece.usage,
+                            piece.usage, model=piece.model,
                         )
                         continue
                     written.append(piece)

@@ -132,15 +132,17 @@ class OpenAILLM(ProviderLLM):
             finish = choice.finish_reason if choice else None
             self._check_refusal(getattr(message, "refusal", None), finish)
             yield Completion((message.content if message else None) or "", usage,
-                             truncated=finish == "length")
+                             truncated=finish == "length", model=getattr(reply, "model", None))
             return
         chunks = await create(**request, stream=True, stream_options={"include_usage": True})
         parts: list[str] = []
         refusal: list[str] = []
         finish = None
         usage = Usage(calls=1)
+        model = None
         async with chunks:
             async for chunk in chunks:
+                model = getattr(chunk, "model", None) or model
                 if chunk.usage is not None:
                     usage = _usage(chunk.usage)
                 for choice in chunk.choices or ():
@@ -152,7 +154,7 @@ class OpenAILLM(ProviderLLM):
                         refusal.append(delta.refusal)
                     finish = choice.finish_reason or finish
         self._check_refusal("".join(refusal) or None, finish)
-        yield Completion("".join(parts), usage, truncated=finish == "length")
+        yield Completion("".join(parts), usage, truncated=finish == "length", model=model)
 
     def _check_refusal(self, refusal: str | None, finish_reason: str | None) -> None:
         if refusal:

@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _telemetry
 from ..errors import UsageError
 
 Message = dict[str, Any]
@@ -40,6 +41,9 @@ class Completion:
     truncated: bool = False
     """The reply stopped at the output token limit (``finish_reason: length``,
     ``stop_reason: max_tokens``, ``MAX_TOKENS``): it is probably cut off mid-JSON."""
+    model: str | None = None
+    """The model that answered, as the provider names it (``gpt-4o-mini-2024-07-18``), where
+    it says (traces record it as ``gen_ai.response.model``)."""
 
 
 class AnswerText(str):
@@ -162,6 +166,7 @@ def retries_reported_to(listener: RetryListener) -> Iterator[None]:
 
 def report_retry(attempt: int, delay: float, reason: str) -> None:
     """Tell the current listener (if any) that a call is about to be retried."""
+    _telemetry.retry(attempt, delay, reason)
     listener = _retry_listener.get()
     if listener is not None:
         listener(attempt, delay, reason)

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .. import _telemetry
 from .._fence import DATA_NOTE, fence
 from ..errors import ConfigurationError, ForgottenError, UsageError
 from ..tokens import count_tokens, truncate_tokens
@@ -162,6 +163,7 @@ class Memory:
             return None
         work = self._learn_in_background(user_id, interaction, generation)
         task = asyncio.get_running_loop().create_task(work)
+        _telemetry.learning_pending(task)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return task
@@ -274,9 +276,10 @@ class Memory:
     async def _learn_once(
         self, user_id: str, interaction: dict[str, Any], generation: int
     ) -> Profile:
-        return await self.synthesizer().update_impression(
-            user_id, interaction, generation=generation
-        )
+        with _telemetry.learning(interaction):  # its spans link to the run it came from
+            return await self.synthesizer().update_impression(
+                user_id, interaction, generation=generation
+            )
 
     async def _drain_backlog(self, user_id: str) -> None:
         queue = self._backlog.pop(user_id, [])
@@ -356,4 +359,5 @@ def interaction_of(state: State, *, excerpt_tokens: int = EXCERPT_TOKENS) -> dic
         "response": execution.response,
         "success": execution.stop_reason == "completed",
         "conversation": "\n".join(kept),
+        **_telemetry.trace_field(),  # {"trace": …} when traced: keep it with the rest
     }

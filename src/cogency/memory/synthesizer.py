@@ -13,6 +13,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .. import _telemetry
 from .._fence import DATA_NOTE, fence
 from ..errors import ConflictError, ForgottenError, InvalidResponseError, UsageError
 from ..tokens import truncate_tokens
@@ -212,7 +213,7 @@ class ImpressionSynthesizer:
                 truncate_tokens(_field(interaction, "conversation"), EXCERPT_TOKENS)
             ),
         )
-        return await self._ask(prompt, INSIGHT_SCHEMA)
+        return await self._ask(prompt, INSIGHT_SCHEMA, "extraction")
 
     async def synthesize(
         self, user_id: str, profile: Profile, *, generation: int | None = None
@@ -228,7 +229,7 @@ class ImpressionSynthesizer:
             note=DATA_NOTE,
             profile=fence(json.dumps(profile.learned(), ensure_ascii=False, indent=1)),
         )
-        synthesis = await self._ask(prompt, SYNTHESIS_SCHEMA)
+        synthesis = await self._ask(prompt, SYNTHESIS_SCHEMA, "consolidation")
 
         def apply(current: Profile) -> None:
             if current.interaction_count != seen:
@@ -241,9 +242,9 @@ class ImpressionSynthesizer:
         except _Superseded:
             return await self.store.load_profile(user_id) or profile
 
-    async def _ask(self, prompt: str, schema: dict[str, Any]) -> dict[str, Any]:
-        completion = await self.llm.generate(
-            [{"role": "user", "content": prompt}], schema=schema
+    async def _ask(self, prompt: str, schema: dict[str, Any], phase: str) -> dict[str, Any]:
+        completion = await _telemetry.learn(
+            self.llm, [{"role": "user", "content": prompt}], schema, phase
         )
         # Imported here: cogency.reason imports the state, which imports this package.
         from ..reason import extract_json

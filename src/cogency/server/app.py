@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..agent import Agent
-from . import errors, openai_api, page, routes
+from . import errors, openai_api, page, routes, telemetry
 from .errors import RequestTooLarge, error_body, shown_path
 from .runs import Runs
 from .wire import Json
@@ -47,8 +47,10 @@ class Settings:
     """Connections from one address at once; one more gets 503 and is closed."""
 
 
-def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
-    """The service for ``agent`` (and its store). The caller closes the agent afterwards."""
+def create_app(agent: Agent, settings: Settings = Settings(), *, metrics: Any = None) -> FastAPI:
+    """The service for ``agent`` (and its store). The caller closes the agent afterwards.
+
+    ``metrics``, a ``prometheus_client`` registry, is served as text at ``/metrics``."""
     runs = Runs(agent, max_per_key=settings.max_runs_per_key, max_query=settings.max_query)
 
     @asynccontextmanager
@@ -64,6 +66,10 @@ def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
         docs_url=None,  # page.py serves /docs with Swagger UI from the package, not a CDN
         redoc_url=None,
         default_response_class=Json,
+        # FastAPI traces each request (continuing a W3C traceparent) once a provider is set;
+        # a run started by a request is inside its span. Its logs would carry the input
+        # values of a rejected body (a query): off, as no content is recorded by default.
+        telemetry={"logs": False},
     )
     app.state.store = agent.store
     app.state.runs = runs
@@ -85,6 +91,8 @@ def create_app(agent: Agent, settings: Settings = Settings()) -> FastAPI:
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    if metrics is not None:
+        telemetry.serve_metrics(app, metrics)
     app.add_middleware(_Limits, max_body=settings.max_body)
     return app
 

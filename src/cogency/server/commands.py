@@ -60,6 +60,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
     serve.add_argument("--max-connections-per-client", type=int, default=100, metavar="N",
                        help="connections from one address at once (default: %(default)s; "
                             "raise it behind a proxy); one more gets 503")
+    serve.add_argument("--metrics", action="store_true",
+                       help="serve metrics in Prometheus text at /metrics (no key needed; no "
+                            "label names a user; needs the otel extra)")
     serve.set_defaults(handler=_serve)
 
     keys = commands.add_parser("keys", help="create, list and revoke API keys of `serve`")
@@ -180,7 +183,8 @@ async def _serve(args: argparse.Namespace, progress: dict[str, Any]) -> int:
                 max_connections=_connection_cap(args.max_connections),
                 max_connections_per_client=args.max_connections_per_client,
             )
-            app = create_app(agent, settings)
+            app = create_app(agent, settings, metrics=getattr(
+                getattr(args, "telemetry", None), "registry", None))
             listener = _listen(args.host, args.port, transport.BACKLOG)
             host, port = listener.getsockname()[:2]
             print(f"cogency serve: listening on http://{_url_host(host)}:{port} "

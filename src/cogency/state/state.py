@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import _time
+from .. import _telemetry, _time
 from .._history import History
 from .._redact import scrub_surrogates
 from ..errors import CorruptDataError, UsageError
@@ -123,7 +123,7 @@ class State:
             first = await asyncio.to_thread(messages)  # counting 1 MB of text takes ~0.25 s
         else:
             first = messages()
-        record = await store.begin_task(
+        record = await _telemetry.store("begin_task", store, store.begin_task(
             TaskRecord(
                 task_id=state.task_id,
                 user_id=user_id,
@@ -136,7 +136,7 @@ class State:
             conversation.to_dict(),
             first,
             history_tokens,
-        )
+        ))
         state._saved_workspace = state.workspace.to_dict()
         state.settings = dict(settings or {})
         state.epoch = 1 if runner else None
@@ -282,7 +282,8 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
         approvals=approvals,
         settled=settled,
     )
-    state.version = await state.store.save(batch)
+    state.version = await _telemetry.store("complete_task" if complete else "save", state.store,
+                                           state.store.save(batch))
     state._save_id = uuid.uuid4().hex
     del state.conversation.unsaved[: len(pending)]
     del state._approvals[: len(approvals)]

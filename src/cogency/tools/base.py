@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, overload
 
+from .. import _telemetry
 from .._jsonschema import SchemaViolation, type_name, validate
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
@@ -329,8 +330,8 @@ async def run_tools(
     """Run the calls of one step concurrently; results keep the order of the calls."""
     return list(
         await asyncio.gather(
-            *(run_tool(tools.get(call["name"]), call["name"], call.get("args") or {})
-              for call in calls)
+            *(_telemetry.execute_tool(tools.get(call["name"]), call, run_tool(
+                tools.get(call["name"]), call["name"], call.get("args") or {})) for call in calls)
         )
     )
 
