@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 from ..errors import UsageError
 from .base import ConversationRecord, SaveBatch, Store, TaskRecord
@@ -37,17 +38,24 @@ def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Sto
     ``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``sqlite://:memory:``, a plain path,
     or ``postgresql://…``. ``None`` means ``$COGENCY_DB`` or the default file. ``options``
     go to the store; ``read_only=True`` (both backends) opens without creating, migrating or
-    writing anything.
+    writing anything. A SQLite store's durability is ``synchronous="normal"`` (the default:
+    survives the process crashing) or ``"full"`` (survives a power loss too), also given in
+    the URL as ``sqlite:///agent.db?synchronous=full``.
     """
     if url is None:
         url = os.environ.get(ENV_VAR) or default_db_path()
     text = os.fspath(url)
     if text.startswith(("postgresql://", "postgres://")):
+        if "synchronous" in options:
+            raise UsageError(
+                "synchronous= is a SQLite setting; a PostgreSQL commit's durability is the "
+                "server's synchronous_commit (on by default: every commit survives a power loss)"
+            )
         from .postgres import PostgresStore
 
         return PostgresStore(text, **options)
     if text.startswith("sqlite:"):
-        rest = text[len("sqlite:"):]
+        rest, options = _sqlite_url_options(text, options)
         if rest in ("", "//", "//:memory:", ":memory:", "///:memory:"):
             return SQLiteStore(":memory:", **options)
         if not rest.startswith("///"):
@@ -63,6 +71,28 @@ def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Sto
     if not text.strip():
         raise UsageError("the database path is empty: pass a file path or a URL")
     return SQLiteStore(text, **options)
+
+
+def _sqlite_url_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The part of a ``sqlite:`` URL after the scheme, less its query, and the options with
+    the query's (``?synchronous=full``) added."""
+    rest, _, query = url[len("sqlite:"):].partition("?")
+    if not query:
+        return rest, options
+    pairs = parse_qsl(query, keep_blank_values=True)
+    unknown = sorted({key for key, _ in pairs} - {"synchronous"})
+    if unknown or len(pairs) != 1:
+        raise UsageError(
+            f"cannot read the SQLite URL {url!r}: the only setting it takes is "
+            "?synchronous=normal or ?synchronous=full"
+        )
+    value = pairs[0][1]
+    if "synchronous" in options and options["synchronous"] != value:
+        raise UsageError(
+            f"the URL {url!r} says synchronous={value} but synchronous={options['synchronous']!r}"
+            " was passed too: say it once"
+        )
+    return rest, {**options, "synchronous": value}
 
 
 def __getattr__(name: str) -> Any:

@@ -58,6 +58,8 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 10_000
 LEASE_SECONDS = 30.0
 """How long a runner's hold on a task lasts unless renewed (the store renews it every third)."""
+SYNCHRONOUS = ("normal", "full")
+"""The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
 
 
 def _m001_initial(db: sqlite3.Connection) -> None:
@@ -336,6 +338,12 @@ class SQLiteStore:
     :class:`~cogency.errors.NotFoundError`, a file with an older schema a
     :class:`~cogency.errors.StorageError` saying to open it once for writing, and writes raise
     :class:`~cogency.errors.UsageError`. It reads files the process may not write.
+
+    ``synchronous`` is what a commit survives (SQLite's ``PRAGMA synchronous``, in WAL mode):
+    ``"normal"`` (the default) survives the process crashing or being killed at any moment, but
+    a power loss or an operating-system crash may lose the last commits (the file stays
+    consistent); ``"full"`` flushes every commit to the disk before it returns, so a commit
+    survives a power loss too, at the price of a disk flush per commit.
     """
 
     def __init__(
@@ -345,9 +353,16 @@ class SQLiteStore:
         busy_timeout: float = BUSY_TIMEOUT_MS / 1000,
         lease: float = LEASE_SECONDS,
         read_only: bool = False,
+        synchronous: str = "normal",
     ) -> None:
         if lease <= 0:
             raise UsageError("lease must be a positive number of seconds")
+        if not isinstance(synchronous, str) or synchronous.lower() not in SYNCHRONOUS:
+            raise UsageError(
+                f"synchronous must be 'normal' or 'full', not {synchronous!r}: 'full' makes "
+                "every commit survive a power loss, 'normal' only a crash of the process"
+            )
+        self.synchronous = synchronous.lower()
         self.path = str(path)
         self.read_only = read_only
         self._busy_timeout_ms = int(busy_timeout * 1000)
@@ -392,7 +407,7 @@ class SQLiteStore:
             db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             migrate(db)
         except BaseException as exc:
             if db is not None:  # a failed open (locked, too new, corrupt) keeps no connection
