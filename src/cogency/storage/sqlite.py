@@ -24,7 +24,7 @@ from ..errors import (
     UsageError,
 )
 from ..memory.profile import Profile
-from ._window import Window, Windows
+from ._window import Newest, Window, Windows
 from .base import (
     MIGRATION_NAMES,
     ApiKeyRecord,
@@ -1169,17 +1169,11 @@ def _message(row: tuple[Any, ...]) -> dict[str, Any]:
 def _window(
     rows: Iterable[tuple[Any, ...]], token_budget: int | None, limit: int | None
 ) -> list[dict[str, Any]]:
-    picked: list[dict[str, Any]] = []
-    used = 0
+    fit = Newest(token_budget, limit)
     for row in rows:
-        if limit is not None and len(picked) >= limit:
+        if not fit.take(_message(row)):
             break
-        if token_budget is not None and used + row[4] > token_budget:
-            break
-        used += row[4]
-        picked.append(_message(row))
-    picked.reverse()
-    return picked
+    return fit.picked[::-1]
 
 
 class _Windows(Windows):
