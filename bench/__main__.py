@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import sqlite3
 import statistics
@@ -849,13 +850,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _kept_sections(path: Path) -> str:
-    """Sections other benchmarks wrote into ``path`` (``bench.bench_offline``'s), kept as is."""
-    from bench.bench_offline import BEGIN, END
-
+    """Sections other benchmarks wrote into ``path`` (``<!-- bench_NAME:begin -->`` to
+    ``<!-- bench_NAME:end -->``: ``bench.bench_offline``'s, ``bench.bench_postgres``'s), kept
+    as they are."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN not in text or END not in text:
-        return ""
-    return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"
+    kept = []
+    for found in re.finditer(r"<!-- (bench_\w+):begin -->.*?<!-- \1:end -->", text, re.S):
+        kept.append(found.group(0) + "\n")
+    return "\n".join(kept)
 
 
 if __name__ == "__main__":
