@@ -519,25 +519,26 @@ def goals(table: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]] |
     return out
 
 
+def _section(title: str, intro: str, columns: list[str]) -> list[str]:
+    return [f"### {title}", "", intro, "", "| " + " | ".join(columns) + " |",
+            "|---|" + "---:|" * (len(columns) - 1)]
+
+
 def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
     """Cogency's own figures at both settings: its SQL floor and the HTTP service's cost."""
     cases = results.get("cogency", {})
     lines = []
     replays = [(s, cases[f"replay@{s}"]) for s in SETTINGS if f"replay@{s}" in cases]
     if replays:
-        lines += [
-            "### Cogency ÷ its own SQL",
-            "",
+        lines += _section(
+            "Cogency ÷ its own SQL",
             "A turn's statements (recorded at the store's connection, checked against "
             "sqlite3's trace callback) replayed through a plain `sqlite3` connection on a fresh "
             "file, interleaved turn by turn with a fresh Cogency conversation; medians per turn "
             "after 2 warm-up turns.",
-            "",
-            "| setting | statements / transactions per turn | Cogency CPU (ms) | replayed as "
-            "traced text (ms) | ratio | replayed parameterized (ms) | ratio | wall ratio "
-            "(text) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
+            ["setting", "statements / transactions per turn", "Cogency CPU (ms)",
+             "replayed as traced text (ms)", "ratio", "replayed parameterized (ms)", "ratio",
+             "wall ratio (text)"])
         for setting, r in replays:
             lines.append(
                 f"| {setting.upper()} | {r['statements_per_turn']:.0f} / "
@@ -548,18 +549,14 @@ def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
         lines.append("")
     services = [(s, cases[f"service@{s}"]) for s in SETTINGS if f"service@{s}" in cases]
     if services:
-        lines += [
-            "### `cogency serve` over HTTP against `Agent.run`",
-            "",
+        lines += _section(
+            "`cogency serve` over HTTP against `Agent.run`",
             "An instant model; each client its own key and conversation, one run after another "
             "(`POST /api/runs`, waiting for the answer); the server a `cogency serve` process "
             "on loopback, `Agent.run` in the measuring process; the two alternate round by "
             "round. Milliseconds per request.",
-            "",
-            "| setting | clients | Agent.run p50 | p99 | HTTP p50 | p99 | **added p50** | "
-            "added p99 | requests |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
+            ["setting", "clients", "Agent.run p50", "p99", "HTTP p50", "p99", "**added p50**",
+             "added p99", "requests"])
         for setting, r in services:
             for count, f in r["clients"].items():
                 lines.append(
