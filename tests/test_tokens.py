@@ -19,6 +19,8 @@ from importlib import resources
 from pathlib import Path
 
 from cli_run import Cli, step
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cogency import Agent
 from cogency.errors import ContextWindowError
@@ -182,3 +184,16 @@ async def test_a_prompt_near_the_model_window_is_counted_exactly(tokenizer_unloa
             assert f"the query is {exact(too_long):,} tokens" in str(exc)
         else:
             raise AssertionError("a query of 2,000 tokens cannot fit a 3,800-token window")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400) | st.text(alphabet="ab \n1é中😀", max_size=600))
+def test_the_utf8_length_bounds_the_count_from_above(text):
+    """What every shortcut rests on: no token is shorter than a byte, long runs cut included."""
+    from cogency.tokens import count_tokens, exact_tokens, is_estimate, truncate_tokens
+
+    assert count_tokens(text) <= most_tokens(text) == len(text.encode("utf-8", "surrogatepass"))
+    assert exact_tokens(text, most_tokens(text)) == count_tokens(text)
+    if count_tokens(text) != most_tokens(text):
+        assert not is_estimate(text, count_tokens(text))  # an exact count is never recounted
+    assert truncate_tokens(text, most_tokens(text)) == text
