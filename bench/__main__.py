@@ -183,11 +183,18 @@ def run_all(names: list[str], plan: Plan, log: Any) -> dict[str, dict[str, Any]]
             for name in names:
                 (result,) = run_cases(name, [spec], plan.durable_turns, log)
                 results[name][case] = result
-        for setting in SETTINGS:
-            log(f"case durable at synchronous={setting.upper()} (a fresh process per framework)")
-            for name in names:
-                (result,) = run_cases(name, [durable], plan.durable_turns, log, setting)
-                results[name][f"durable@{setting}"] = result
+        # Interleaved: rounds of a few conversations per framework and setting, each round
+        # a fresh process, so a busy moment of the machine falls on every framework alike.
+        repeat, warmup = plan.durable
+        rounds = max(1, repeat // DURABLE_PER_PROCESS)
+        log(f"case durable, FULL and NORMAL ({rounds} rounds of {DURABLE_PER_PROCESS} "
+            "conversations, a fresh process per framework and setting each round)")
+        spec = f"durable:{DURABLE_PER_PROCESS}:{max(1, warmup // 2)}"
+        for _ in range(rounds):
+            for setting in SETTINGS:
+                for name in names:
+                    (result,) = run_cases(name, [spec], plan.durable_turns, log, setting)
+                    _merge(results[name], f"durable@{setting}", result)
     for name, value in measure_first_answers(names, plan.first, log).items():
         results[name].update(value)
     for name, value in measure_fsyncs(names, plan.fsync_turns, log).items():
@@ -202,6 +209,19 @@ def run_all(names: list[str], plan: Plan, log: Any) -> dict[str, dict[str, Any]]
                  str(plan.service[0]), "--per-round", str(plan.service[1]), "--synchronous",
                  setting], log)
     return results
+
+
+DURABLE_PER_PROCESS = 3
+
+
+def _merge(cases: dict[str, Any], key: str, result: dict[str, Any]) -> None:
+    """Pool the samples of ``result`` (one round) into ``cases[key]``; medians over all."""
+    pooled = cases.setdefault(key, {**result, "samples": [], "cpu_samples": []})
+    pooled["samples"] += result["samples"]
+    pooled["cpu_samples"] += result["cpu_samples"]
+    for field, values in (("", pooled["samples"]), ("cpu_", pooled["cpu_samples"])):
+        pooled[f"{field}median"] = statistics.median(values)
+        pooled[f"{field}p95"] = percentile(values, 95)
 
 
 def _key(case: str, synchronous: str | None) -> str:
@@ -686,7 +706,9 @@ loss. No figure compares frameworks at different settings.
   of a process pays lazy imports), then medians and p95 over the repeats: construction
   {plan.construct[0]}×, memory {plan.construct_mem[0]}×, one-step {plan.one_step[0]}×, tool call
   {plan.tool_call[0]}×, 25-turn conversations {plan.durable[0]}× at each setting (one fresh
-  database file each), one long conversation of {plan.long} turns (NORMAL).
+  database file each; in rounds of {DURABLE_PER_PROCESS}, a fresh process per framework and
+  setting each round, the frameworks and settings alternating), one long conversation of
+  {plan.long} turns (NORMAL).
 - **Fresh process to first durable answer**: the runner starts `python -m
   bench.peers.<framework> first_answer` and times until it reads the result line, which the
   process prints once its first answer is stored in a fresh file (interpreter start, imports,
