@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import re
 import statistics
@@ -234,11 +235,81 @@ def model_instant() -> ScriptedLLM:
     return ScriptedLLM(itertools.repeat({"response": "ok"}))
 
 
+async def overhead_by_clients(
+    clients: list[int], rounds: int, per_round: int, workdir: str, synchronous: str
+) -> dict[str, Any]:
+    """`cogency serve` over real HTTP against ``Agent.run`` in this process, at each number of
+    concurrent clients: each client its own user (key) and conversation, sending one run after
+    another (an instant model). The two ways alternate round by round (``per_round`` runs per
+    client each), so a slow moment of the machine hits both; every request's latency counts.
+    Both stores are SQLite files at ``synchronous``."""
+    url = lambda name: f"sqlite:///{Path(workdir) / name}?synchronous={synchronous}"  # noqa: E731
+    out: dict[str, Any] = {"synchronous": synchronous, "clients": {}}
+    for count in clients:
+        served = url(f"served-{count}.db")
+        keys = await _keys(served, count)
+        server = _Server(served, 0.0, workdir)
+        latencies: dict[str, list[float]] = {"direct": [], "http": []}
+        try:
+            async with Agent(llm=model_instant(), store=url(f"direct-{count}.db")) as direct, \
+                    httpx.AsyncClient(base_url=server.url, timeout=60,
+                                      limits=httpx.Limits(max_connections=count + 5)) as http:
+                conversations: dict[tuple[str, int], str | None] = {}
+
+                async def one(way: str, n: int) -> None:
+                    for _ in range(per_round):
+                        began = time.perf_counter()
+                        conversation = conversations.get((way, n))
+                        if way == "direct":
+                            result = await direct.run("hello", user_id=f"user{n}",
+                                                      conversation_id=conversation)
+                            conversations[(way, n)] = result.conversation_id
+                        else:
+                            body: dict[str, Any] = {"query": "hello"}
+                            if conversation:
+                                body["conversation_id"] = conversation
+                            answer = await http.post(
+                                "/api/runs", json=body,
+                                headers={"Authorization": f"Bearer {keys[n]}"})
+                            answer.raise_for_status()
+                            conversations[(way, n)] = answer.json()["conversation_id"]
+                        latencies[way].append(time.perf_counter() - began)
+
+                for round_ in range(rounds + 1):  # round 0 warms both up, untimed
+                    for way in ("direct", "http"):
+                        mark = len(latencies[way])
+                        await asyncio.gather(*(one(way, n) for n in range(count)))
+                        if round_ == 0:
+                            del latencies[way][mark:]
+        finally:
+            server.stop()
+        figures = {way: {"p50": _percentile(values, 0.5) * 1000,
+                         "p99": _percentile(values, 0.99) * 1000, "n": len(values)}
+                   for way, values in latencies.items()}
+        figures["overhead"] = {q: figures["http"][q] - figures["direct"][q]
+                               for q in ("p50", "p99")}
+        out["clients"][str(count)] = figures
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--overhead-only", action="store_true", help="only part 2")
+    parser.add_argument("--clients-json", metavar="N,N",
+                        help="only `cogency serve` over HTTP against Agent.run at these numbers "
+                             "of clients; prints one JSON line (python -m bench uses it)")
+    parser.add_argument("--rounds", type=int, default=10, help="with --clients-json")
+    parser.add_argument("--per-round", type=int, default=10, help="with --clients-json")
+    parser.add_argument("--synchronous", choices=("normal", "full"), default="normal",
+                        help="with --clients-json: the SQLite stores' durability")
     args = parser.parse_args()
+    if args.clients_json:
+        with tempfile.TemporaryDirectory() as workdir:
+            counts = [int(n) for n in args.clients_json.split(",")]
+            print(json.dumps(asyncio.run(overhead_by_clients(
+                counts, args.rounds, args.per_round, workdir, args.synchronous))))
+        return
     with tempfile.TemporaryDirectory() as workdir:
         if not args.overhead_only:
             asyncio.run(load([1, 10, 50], 1.0 if args.quick else 4.0, workdir))

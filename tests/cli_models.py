@@ -97,3 +97,23 @@ def cannot_learn() -> ScriptedLLM:
     llm = scripted()
     llm.learns = False  # type: ignore[attr-defined]
     return llm
+
+
+def reporting() -> ScriptedLLM:
+    """The script; when the process exits, writes to ``$COGENCY_TEST_REPORT`` whether it ever
+    loaded the exact token encoding (and tiktoken) and its peak resident memory."""
+    import atexit
+    import sys
+
+    def report() -> None:
+        from cogency.tokens import loaded
+
+        status = open("/proc/self/status").read() if os.path.exists("/proc/self/status") else ""
+        peak = next((int(line.split()[1]) for line in status.splitlines()
+                     if line.startswith("VmHWM:")), None)
+        with open(os.environ["COGENCY_TEST_REPORT"], "w", encoding="utf-8") as out:
+            json.dump({"loaded": loaded(), "tiktoken": "tiktoken" in sys.modules,
+                       "peak_kib": peak}, out)
+
+    atexit.register(report)
+    return scripted()

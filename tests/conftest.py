@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,30 @@ def db(db_path: Path) -> Iterator[sqlite3.Connection]:
 def _isolated_default_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Code that falls back to the default database writes under tmp_path, never ~/.local."""
     monkeypatch.setenv("COGENCY_DB", str(tmp_path / "default" / "cogency.db"))
+
+
+@pytest.fixture
+def tokenizer_unloaded(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], int]:
+    """The test starts as a fresh process does: the exact encoding not loaded, so messages are
+    stored with the upper bound of their tokens until the code under test needs an exact count
+    (the encoding then loads, into a cache dropped after the test). Returns an exact counter
+    for the test's own expectations that leaves the module as it found it (loaded or not)."""
+    import cogency.tokens as tokens
+
+    monkeypatch.setattr(tokens, "_loaded", [])
+    kept: list[object] = []
+
+    def exact(text: str) -> int:
+        before = list(tokens._loaded)
+        if kept:
+            tokens._loaded[:] = kept
+        try:
+            return tokens.count_tokens(text)
+        finally:
+            kept[:] = tokens._loaded
+            tokens._loaded[:] = before
+
+    return exact
 
 
 # -- the contract suite: every test using `any_store` runs on SQLite and on PostgreSQL ----------

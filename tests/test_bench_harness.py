@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -26,17 +27,35 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--frameworks", "cogency", "--long-turns", "40",
          "--output", str(doc), "--plot", str(tmp_path / "plot.png"), "--json", str(raw)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(raw.read_text())
     results = data["results"]["cogency"]
-    assert set(results) == {"import", "construct", "construct_mem", "one_step", "tool_call",
-                            "durable", "long"}
+    expected = {"import", "construct", "construct_mem", "one_step", "tool_call", "long",
+                "durable@full", "durable@normal", "first@full", "first@normal",
+                "replay@full", "replay@normal", "service@full", "service@normal"}
+    if shutil.which("strace"):
+        expected |= {"fsync@full", "fsync@normal"}
+    assert set(results) == expected
     assert len(results["one_step"]["samples"]) == 20
     assert len(results["tool_call"]["samples"]) == 20
     assert all(s > 0 for s in results["tool_call"]["samples"])
-    assert results["durable"]["turns"] == 25 and len(results["durable"]["samples"]) == 3
+    for setting in ("full", "normal"):
+        durable = results[f"durable@{setting}"]
+        assert durable["turns"] == 25 and len(durable["samples"]) == 3
+        assert durable["synchronous"] == setting  # read back from the store's connection
+        first = results[f"first@{setting}"]
+        assert first["median"] > 0 and first["rss_kib"] > 0
+        replay = results[f"replay@{setting}"]
+        # The replay is checked against the trace; a one-step turn sends the store statements.
+        assert replay["statements_per_turn"] > 0 and replay["cpu_ratio_literal"] > 0
+        for clients in ("1", "10"):
+            assert results[f"service@{setting}"]["clients"][clients]["http"]["n"] > 0
+    if shutil.which("strace"):
+        # FULL flushes at every commit; NORMAL (WAL) only at checkpoints.
+        assert results["fsync@full"]["per_turn"] >= 1
+        assert results["fsync@normal"]["per_turn"] < results["fsync@full"]["per_turn"]
     long = results["long"]
     assert long["turns"] == 40 and len(long["per_turn"]) == 40
     # Every turn stored the user message and the answer as rows, and nothing else.
@@ -48,7 +67,9 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
 
     text = doc.read_text()
     assert "| Construct an agent with one tool (µs) |" in text
-    assert "| Per-turn time at turn 10 (ms) |" in text
+    assert "| NORMAL: per-turn time at turn 10 (ms) |" in text
+    assert "| **FULL**: durable 25-turn conversation, per turn (ms) |" in text
+    assert "### Cogency ÷ its own SQL" in text and "### `cogency serve` over HTTP" in text
     assert "## Goals" in text and "Cold import faster than every peer" not in text  # no peers
     assert "Database size ≤ 2 × the raw text" in text
     median_ms = f"{results['one_step']['median'] * 1e3:.2f}"
@@ -94,7 +115,8 @@ class _LiarAdapter:
     NAME = "liar"
 
     @staticmethod
-    async def open_session(script: _harness.Script, db_path: str | None) -> Any:
+    async def open_session(script: _harness.Script, db_path: str | None,
+                           synchronous: str = "normal") -> Any:
         return _Liar(script)
 
 

@@ -53,6 +53,21 @@ def test_json_prints_one_event_per_line(cli):
     assert len({event["task_id"] for event in events}) == 1
 
 
+def test_db_url_chooses_durability_and_a_bad_setting_is_one_line(cli, tmp_path):
+    url = f"sqlite:///{tmp_path}/durable.db?synchronous=full"
+    done = cli("run", "hi", "--db", url, script=[step(response="hello")], db=False)
+    assert done.returncode == 0, done.stderr
+    assert "hello" in done.stdout
+    assert rows(tmp_path / "durable.db", "SELECT role FROM conversation_messages") == [
+        ("user",), ("assistant",)]
+    done = cli("run", "hi", "--db", f"sqlite:///{tmp_path}/x.db?synchronous=off",
+               script=[step(response="never")], db=False)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.startswith("error: synchronous must be 'normal' or 'full', not 'off'")
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_errors_are_one_line_and_debug_shows_the_traceback(cli):
     done = cli("run", "hi", llm="nosuchprovider:model")
     assert done.returncode == 1

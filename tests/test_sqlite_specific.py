@@ -74,6 +74,49 @@ async def test_connection_uses_wal_foreign_keys_and_a_busy_timeout(db_path):
     }
 
 
+async def test_durability_is_the_callers_choice_and_reaches_the_connection(tmp_path):
+    """synchronous="normal" (the default) or "full", from the constructor, open_store's
+    option or the URL, is the PRAGMA of the connection the agent's turns are written on."""
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    normal, full = 1, 2  # what PRAGMA synchronous reads back
+    made = {
+        "default": (SQLiteStore(tmp_path / "a.db"), normal),
+        "constructor": (SQLiteStore(tmp_path / "b.db", synchronous="full"), full),
+        "option": (open_store(tmp_path / "c.db", synchronous="FULL"), full),
+        "url": (open_store(f"sqlite:///{tmp_path}/d.db?synchronous=full"), full),
+        "url normal": (open_store(f"sqlite:///{tmp_path}/e.db?synchronous=normal"), normal),
+    }
+    for name, (store, expected) in made.items():
+        try:
+            async with Agent(ScriptedLLM([{"response": "hi"}]), store=store) as agent:
+                assert (await agent.run("hello", "alice")).response == "hi"
+            assert await on_store_connection(store, "PRAGMA synchronous") == [(expected,)], name
+        finally:
+            await store.close()
+    # An agent opening the store itself from a URL.
+    url = f"sqlite:///{tmp_path}/f.db?synchronous=full"
+    agent = Agent(ScriptedLLM([{"response": "hi"}]), store=url)
+    try:
+        await agent.run("hello", "alice")
+        assert await on_store_connection(agent.store, "PRAGMA synchronous") == [(full,)]
+    finally:
+        await agent.close()
+    assert rows(tmp_path / "f.db", "SELECT count(*) FROM conversation_messages") == [(2,)]
+
+    for bad in ("sqlite:///x.db?synchronous=off", "sqlite:///x.db?journal=wal",
+                "sqlite:///x.db?synchronous=full&synchronous=normal"):
+        with pytest.raises(UsageError, match="synchronous"):
+            open_store(bad)
+    with pytest.raises(UsageError, match="say it once"):
+        open_store("sqlite:///x.db?synchronous=full", synchronous="normal")
+    with pytest.raises(UsageError, match="'normal' or 'full'"):
+        SQLiteStore(tmp_path / "g.db", synchronous="extra")
+    with pytest.raises(UsageError, match="synchronous_commit"):
+        open_store("postgresql://localhost/db", synchronous="full")
+
+
 async def test_reopening_applies_no_migration_twice_and_keeps_data(db_path, db):
     first = SQLiteStore(db_path)
     state = await State.start_task("q", "alice", store=first)

@@ -482,17 +482,24 @@ async def test_a_started_tasks_window_sees_other_processes_writes(any_store, raw
 
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_every_window_matches_the_rows_whatever_three_stores_do(any_store, raw, seed):
+@pytest.mark.parametrize(("seed", "unloaded"), [(1, True), (2, True), (3, False)])
+async def test_every_window_matches_the_rows_whatever_three_stores_do(
+    any_store, raw, seed, unloaded, request
+):
     """Three stores on one database, taking turns at random: budgets that keep all, some or
     none of the history, queries longer than the window, a task that adds more messages than
     one page of rows, and a forget. Every task starts with exactly the newest messages that
-    fit its budget (read from the rows), each kept right for the prompt."""
+    fit its budget by their exact token counts (read from the rows' text), each kept right
+    for the prompt; rows stored before the encoding loaded carry the upper bound of their
+    count (``unloaded``: the test starts as a fresh process, with no encoding loaded)."""
     import random
 
     from cogency._history import History
     from cogency.storage.base import new_runner
+    from cogency.tokens import count_tokens
 
+    if unloaded:
+        count_tokens = request.getfixturevalue("tokenizer_unloaded")  # noqa: F811
     rng = random.Random(seed)
 
     def another() -> Any:
@@ -514,9 +521,10 @@ async def test_every_window_matches_the_rows_whatever_three_stores_do(any_store,
             expected: list[str] = []
             used = 0
             for content, tokens in rows:
-                if used + tokens > budget:
+                assert tokens >= count_tokens(content)  # never less than the exact count
+                if used + count_tokens(content) > budget:
                     break
-                used += tokens
+                used += count_tokens(content)
                 expected.append(content)
             expected.reverse()
             if not expected or expected[-1] != query:

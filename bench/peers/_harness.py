@@ -147,6 +147,10 @@ class Session(Protocol):
         """How many rows of this conversation the database holds (read with a plain connection)."""
         ...
 
+    async def synchronous(self) -> set[int]:
+        """``PRAGMA synchronous`` as read on every connection the framework wrote with."""
+        ...
+
 
 class Adapter(Protocol):
     NAME: str
@@ -160,7 +164,13 @@ class Adapter(Protocol):
 
     def construct(self, script: Script, tool: Any) -> Any: ...
 
-    async def open_session(self, script: Script, db_path: str | None) -> Session: ...
+    async def open_session(
+        self, script: Script, db_path: str | None, synchronous: str = "normal"
+    ) -> Session: ...
+
+
+SYNCHRONOUS = {"normal": 1, "full": 2}
+"""``PRAGMA synchronous`` values: every framework's connections are set to the same one."""
 
 
 # -- cases -------------------------------------------------------------------------------------
@@ -249,20 +259,22 @@ async def case_tool_call(adapter: Adapter, repeat: int, warmup: int) -> dict[str
 
 
 async def _conversation(
-    adapter: Adapter, turns: int, directory: Path, on_turn: Callable[[int, float], None]
-) -> tuple[int, int, float]:
+    adapter: Adapter, turns: int, directory: Path, on_turn: Callable[[int, float], None],
+    synchronous: str = "normal",
+) -> tuple[int, int, float, float]:
     """Run ``turns`` turns of one durable conversation on a fresh file.
 
     Returns (rows, bytes, seconds spent opening and closing the agent and its database,
     CPU seconds of this process, all threads, over the opening, the turns and the closing).
 
     Every turn asserts the answer, that the model saw more history than the turn before (until
-    the framework's own history window is full), and that the database holds more rows.
+    the framework's own history window is full), and that the database holds more rows; at the
+    end, that every connection the framework wrote with had ``synchronous`` set.
     """
     path = directory / f"{adapter.NAME}.db"
     script = Script()
     start, cpu_start = time.perf_counter(), time.process_time()
-    session = await adapter.open_session(script, str(path))
+    session = await adapter.open_session(script, str(path), synchronous)
     setup, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     check = sqlite3.connect(path)
     rows = 0
@@ -284,6 +296,7 @@ async def _conversation(
             _check(stored > rows, f"turn {turn}: no new row in the database ({stored} rows)")
             rows = stored
             on_turn(turn, elapsed)
+        await check_synchronous(session, synchronous)
     finally:
         check.close()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -296,7 +309,18 @@ async def _conversation(
     return rows, size, setup, cpu
 
 
-async def case_durable(adapter: Adapter, repeat: int, warmup: int, turns: int) -> dict[str, Any]:
+async def check_synchronous(session: Session, synchronous: str) -> None:
+    """Equal durability, proven: every connection the framework wrote with reads back the
+    ``synchronous`` the benchmark set."""
+    seen = await session.synchronous()
+    _check(seen == {SYNCHRONOUS[synchronous]},
+           f"PRAGMA synchronous read back {sorted(seen)} on the framework's connections, not "
+           f"{SYNCHRONOUS[synchronous]} ({synchronous})")
+
+
+async def case_durable(
+    adapter: Adapter, repeat: int, warmup: int, turns: int, synchronous: str = "normal"
+) -> dict[str, Any]:
     """Per-turn time of a whole ``turns``-turn durable conversation on a fresh database file:
     opening the agent and database (schema creation included), every turn, closing; divided
     by ``turns``. The correctness reads between turns are not timed."""
@@ -305,34 +329,76 @@ async def case_durable(adapter: Adapter, repeat: int, warmup: int, turns: int) -
         times: list[float] = []
         with tempfile.TemporaryDirectory(prefix="bench-") as directory:
             _, _, setup, cpu = await _conversation(
-                adapter, turns, Path(directory), lambda _t, s: times.append(s)
+                adapter, turns, Path(directory), lambda _t, s: times.append(s), synchronous
             )
         if index >= warmup:
             samples.append((sum(times) + setup) / len(times))
             cpu_samples.append(cpu / len(times))
     return {"samples": samples, "unit": "s", "turns": turns, "cpu_samples": cpu_samples,
             "cpu_median": statistics.median(cpu_samples) if cpu_samples else None,
-            "cpu_p95": percentile(cpu_samples, 95) if cpu_samples else None}
+            "cpu_p95": percentile(cpu_samples, 95) if cpu_samples else None,
+            "synchronous": synchronous}
 
 
-async def case_long(adapter: Adapter, turns: int) -> dict[str, Any]:
+async def case_long(adapter: Adapter, turns: int, synchronous: str = "normal") -> dict[str, Any]:
     """Every turn's time in one ``turns``-turn durable conversation, and the database's size."""
     times: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as directory:
         rows, size, _, _ = await _conversation(
-            adapter, turns, Path(directory), lambda _t, s: times.append(s)
+            adapter, turns, Path(directory), lambda _t, s: times.append(s), synchronous
         )
     raw = raw_text_bytes(turns)
     return {
         "per_turn": times, "unit": "s", "turns": turns, "rows": rows, "db_bytes": size,
-        "raw_bytes": raw, "db_ratio": size / raw,
+        "raw_bytes": raw, "db_ratio": size / raw, "synchronous": synchronous,
     }
 
 
-CASES = ("construct", "construct_mem", "one_step", "tool_call", "durable", "long")
+async def case_first_answer(adapter: Adapter, synchronous: str) -> dict[str, Any]:
+    """One durable turn on a fresh file, in a fresh process: the runner times the process
+    from its start to this result line; reported here, the process's CPU time and resident
+    memory once the answer is stored."""
+    script = Script()
+    with tempfile.TemporaryDirectory(prefix="bench-") as directory:
+        path = str(Path(directory) / f"{adapter.NAME}.db")
+        session = await adapter.open_session(script, path, synchronous)
+        try:
+            expected = answer_text(1)
+            script.set(("answer", expected))
+            answer = await session.turn(user_text(1))
+            _check(answer == expected, f"first answer {answer!r} is not {expected!r}")
+            result = {"cpu": time.process_time(), **memory(), "synchronous": synchronous}
+            check = sqlite3.connect(path)
+            try:
+                _check(session.stored(check) > 0, "the first answer stored no row")
+            finally:
+                check.close()
+            await check_synchronous(session, synchronous)
+        finally:
+            await session.close()
+    return result
 
 
-def run_case(adapter: Adapter, case: str, repeat: int, warmup: int, turns: int) -> dict[str, Any]:
+def memory() -> dict[str, int]:
+    """This process's resident memory now and at its peak (KiB, from /proc; 0 elsewhere)."""
+    found = {"rss_kib": 0, "peak_kib": 0}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                found["rss_kib"] = int(line.split()[1])
+            elif line.startswith("VmHWM:"):
+                found["peak_kib"] = int(line.split()[1])
+    except OSError:
+        pass
+    return found
+
+
+CASES = ("construct", "construct_mem", "one_step", "tool_call", "durable", "long",
+         "first_answer")
+
+
+def run_case(adapter: Adapter, case: str, repeat: int, warmup: int, turns: int,
+             synchronous: str = "normal") -> dict[str, Any]:
     if case == "construct":
         result = case_construct(adapter, repeat, warmup)
     elif case == "construct_mem":
@@ -342,9 +408,11 @@ def run_case(adapter: Adapter, case: str, repeat: int, warmup: int, turns: int) 
     elif case == "tool_call":
         result = asyncio.run(case_tool_call(adapter, repeat, warmup))
     elif case == "durable":
-        result = asyncio.run(case_durable(adapter, repeat, warmup, turns))
+        result = asyncio.run(case_durable(adapter, repeat, warmup, turns, synchronous))
     elif case == "long":
-        result = asyncio.run(case_long(adapter, turns))
+        result = asyncio.run(case_long(adapter, turns, synchronous))
+    elif case == "first_answer":
+        result = asyncio.run(case_first_answer(adapter, synchronous))
     else:
         raise SystemExit(f"unknown case {case!r}; one of {', '.join(CASES)}")
     if "samples" in result and result["samples"]:
@@ -373,6 +441,8 @@ def main(adapter: ModuleType, argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=f"python -m bench.peers.{adapter.NAME}")
     parser.add_argument("cases", nargs="+", metavar="CASE[:REPEAT[:WARMUP]]")
     parser.add_argument("--turns", type=int, default=25, help="turns of the durable case")
+    parser.add_argument("--synchronous", choices=sorted(SYNCHRONOUS), default="normal",
+                        help="PRAGMA synchronous of every connection of the durable cases")
     args = parser.parse_args(argv)
     quiet()
     for spec in args.cases:
@@ -382,7 +452,8 @@ def main(adapter: ModuleType, argv: list[str] | None = None) -> None:
         repeat = int(numbers[0]) if numbers else 20
         warmup = int(numbers[1]) if len(numbers) > 1 else 3
         turns = repeat if name == "long" else args.turns
-        result = run_case(adapter, name, repeat, warmup, turns)  # type: ignore[arg-type]
+        result = run_case(adapter, name, repeat, warmup, turns,  # type: ignore[arg-type]
+                          args.synchronous)
         sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
         sys.stdout.flush()
 

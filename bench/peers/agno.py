@@ -87,9 +87,10 @@ def construct(script: Script, tool: Any) -> Any:
 
 
 class _Session:
-    def __init__(self, agent: Any, db: Any) -> None:
+    def __init__(self, agent: Any, db: Any, seen: set[int] | None = None) -> None:
         self.agent = agent
         self.db = db
+        self.seen = seen if seen is not None else set()
 
     async def turn(self, text: str) -> str:
         output = await self.agent.arun(text)
@@ -108,8 +109,12 @@ class _Session:
             f"SELECT count(*) FROM {runs} WHERE session_id = ?", (SESSION_ID,)
         ).fetchone()[0]
 
+    async def synchronous(self) -> set[int]:
+        return set(self.seen)
 
-async def open_session(script: Script, db_path: str | None) -> _Session:
+
+async def open_session(script: Script, db_path: str | None, synchronous: str = "normal"
+                       ) -> _Session:
     from agno.agent import Agent
 
     model = _fake_class()(script=script)
@@ -120,19 +125,22 @@ async def open_session(script: Script, db_path: str | None) -> _Session:
     from sqlalchemy import event
 
     db = AsyncSqliteDb(db_file=db_path)
+    seen: set[int] = set()
 
     @event.listens_for(db.db_engine.sync_engine, "connect")
-    def _synchronous_normal(dbapi_connection: Any, _record: Any) -> None:
-        # As Cogency (Agno turns WAL on itself and leaves synchronous at FULL).
+    def _synchronous(dbapi_connection: Any, _record: Any) -> None:
+        # Agno turns WAL on itself and leaves synchronous at its default (FULL).
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        cursor.execute("PRAGMA synchronous")
+        seen.add(cursor.fetchone()[0])
         cursor.close()
 
     agent = Agent(
         model=model, tools=[_harness.lookup], db=db, session_id=SESSION_ID, user_id=USER_ID,
         add_history_to_context=True, telemetry=False,
     )
-    return _Session(agent, db)
+    return _Session(agent, db, seen)
 
 
 if __name__ == "__main__":

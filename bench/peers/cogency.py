@@ -43,11 +43,11 @@ def construct(script: Script, tool: Any) -> Any:
 
 
 class _Session:
-    def __init__(self, script: Script, db_path: str | None) -> None:
+    def __init__(self, script: Script, db_path: str | None, synchronous: str) -> None:
         from cogency import Agent
         from cogency.storage import SQLiteStore
 
-        self.store = SQLiteStore(db_path or ":memory:")
+        self.store = SQLiteStore(db_path or ":memory:", synchronous=synchronous)
         self.llm = _model(script)
         self.agent = Agent(self.llm, tools=[make_tool()], store=self.store)
         self.conversation_id = SESSION_ID if db_path else None
@@ -66,9 +66,14 @@ class _Session:
             "SELECT count(*) FROM conversation_messages WHERE conversation_id = ?", (SESSION_ID,)
         ).fetchone()[0]
 
+    async def synchronous(self) -> set[int]:
+        # The store's one connection (PRAGMAs are per connection).
+        return {await self.store._run(lambda db: db.execute("PRAGMA synchronous").fetchone()[0])}
 
-async def open_session(script: Script, db_path: str | None) -> _Session:
-    return _Session(script, db_path)
+
+async def open_session(script: Script, db_path: str | None, synchronous: str = "normal"
+                       ) -> _Session:
+    return _Session(script, db_path, synchronous)
 
 
 if __name__ == "__main__":

@@ -125,15 +125,20 @@ class _Session:
             "SELECT count(*) FROM checkpoints WHERE thread_id = ?", (SESSION_ID,)
         ).fetchone()[0]
 
+    async def synchronous(self) -> set[int]:
+        async with self.conn.execute("PRAGMA synchronous") as cursor:
+            return {(await cursor.fetchone())[0]}
 
-async def open_session(script: Script, db_path: str | None) -> _Session:
+
+async def open_session(script: Script, db_path: str | None, synchronous: str = "normal"
+                       ) -> _Session:
     if db_path is None:
         return _Session(_graph(script, make_tool()), None)
     import aiosqlite
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     conn = await aiosqlite.connect(db_path)
-    await conn.execute("PRAGMA synchronous = NORMAL")  # as Cogency; setup() turns WAL on
+    await conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")  # setup() turns WAL on
     saver = AsyncSqliteSaver(conn)
     await saver.setup()
     return _Session(_graph(script, make_tool(), saver), conn)

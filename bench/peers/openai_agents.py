@@ -63,10 +63,17 @@ def _classes() -> Any:
             yield  # pragma: no cover  (makes this an async generator)
 
     class Session(SQLiteSession):
-        @staticmethod
-        def _configure_connection(conn: sqlite3.Connection) -> None:
+        """SQLiteSession with ``synchronous`` set on each (thread-local) connection it opens,
+        read back into ``seen``."""
+
+        synchronous = "normal"
+        seen: set[int] = set()
+
+        @classmethod
+        def _configure_connection(cls, conn: sqlite3.Connection) -> None:  # type: ignore[override]
             SQLiteSession._configure_connection(conn)  # WAL
-            conn.execute("PRAGMA synchronous = NORMAL")  # as Cogency
+            conn.execute(f"PRAGMA synchronous = {cls.synchronous.upper()}")
+            cls.seen.add(conn.execute("PRAGMA synchronous").fetchone()[0])
 
     _CLASSES = (FakeModel, Session)
     return _CLASSES
@@ -113,12 +120,17 @@ class _Session:
             "SELECT count(*) FROM agent_messages WHERE session_id = ?", (SESSION_ID,)
         ).fetchone()[0]
 
+    async def synchronous(self) -> set[int]:
+        return set(type(self.session).seen)
 
-async def open_session(script: Script, db_path: str | None) -> _Session:
+
+async def open_session(script: Script, db_path: str | None, synchronous: str = "normal"
+                       ) -> _Session:
     agent = _agent(script, make_tool())
     if db_path is None:
         return _Session(agent, None)
     _, session_class = _classes()
+    session_class.synchronous, session_class.seen = synchronous, set()
     return _Session(agent, session_class(SESSION_ID, db_path))
 
 

@@ -7,7 +7,11 @@ carries them through its copies: from a store's cached window, to a task's
 ``execution.messages``, to every prompt of the task. A turn does Python work only for its new
 messages; the rest is list copies and a binary search, in C.
 
-Stored messages never change, so what was computed of a message stays right.
+Stored messages never change, so what was computed of a message stays right. A message's
+stored ``tokens`` may be an upper bound rather than its exact count (see :mod:`cogency.tokens`):
+a History knows how many of its messages carry one (:attr:`History.estimated`), and
+:meth:`History.count_exactly` replaces them by copies with exact counts when a decision needs
+them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any, SupportsIndex
 
 from ._fence import fence
-from .tokens import count_tokens
+from .tokens import count_tokens, exact_tokens, is_estimate, message_tokens
 
 Message = dict[str, Any]
 
@@ -44,36 +48,42 @@ class History(list[dict[str, Any]]):
 
     Appending and extending compute only the new messages; its :meth:`copy` and
     :meth:`after` copy what was computed. Any other change (``insert``, item assignment,
-    deletion, sorting) computes the whole list again.
+    deletion, sorting) computes the whole list again. A message without ``tokens`` is
+    counted as :func:`~cogency.tokens.message_tokens` would store it.
     """
 
-    __slots__ = ("_chats", "_sums")
+    __slots__ = ("_chats", "_sums", "_rough")
     _chats: list[Message]
     _sums: list[int]  # _sums[i]: the cost of the first i messages (plus a base)
+    _rough: list[int]  # _rough[i]: how many of the first i messages carry a bound (plus a base)
 
     def __init__(self, messages: Iterable[dict[str, Any]] = ()) -> None:
         if isinstance(messages, History):  # a copy: what was computed is copied, in C
             super().__init__(messages[:])  # a plain list is copied whole, not item by item
             self._chats, self._sums = messages._chats[:], messages._sums[:]
+            self._rough = messages._rough[:]
             return
         super().__init__(messages)
         self._recompute()
 
     def _recompute(self) -> None:
-        self._chats, self._sums = [], [0]
+        self._chats, self._sums, self._rough = [], [0], [0]
         self._add(self)
 
     def _add(self, messages: Iterable[dict[str, Any]]) -> None:
-        chats, sums = self._chats, self._sums
-        total = sums[-1]
+        chats, sums, rough = self._chats, self._sums, self._rough
+        total, bounds = sums[-1], rough[-1]
         for message in messages:
-            tokens = message.get("tokens")
+            content, tokens = message["content"], message.get("tokens")
             if tokens is None:
-                tokens = count_tokens(message["content"])
+                tokens = message_tokens(content)
+            if is_estimate(content, tokens):
+                bounds += 1
             total += tokens + MESSAGE_TOKENS + (TOOL_FRAME_TOKENS if message["role"] == "tool"
                                                 else 0)
             chats.append(_chat(message))
             sums.append(total)
+            rough.append(bounds)
 
     # -- what the prompt reads ------------------------------------------------------------
 
@@ -85,6 +95,21 @@ class History(list[dict[str, Any]]):
     def cost(self, start: int = 0, end: int | None = None) -> int:
         """Tokens the messages ``start`` to ``end`` (exclusive) take in a prompt."""
         return self._sums[len(self) if end is None else end] - self._sums[start]
+
+    @property
+    def estimated(self) -> int:
+        """How many messages carry an upper bound of their tokens, not the exact count."""
+        return self._rough[-1] - self._rough[0]
+
+    def count_exactly(self) -> None:
+        """Give every message whose count is an upper bound its exact count (loading the
+        encoding); each such message is replaced by a copy (the dicts may be shared with
+        other lists, whose sums were made from the old counts)."""
+        if not self.estimated:
+            return
+        for index, message in enumerate(self):
+            list.__setitem__(self, index, exactly(message))
+        self._recompute()
 
     def newest_within(self, budget: int, start: int = 0, end: int | None = None) -> int:
         """Where the longest run of messages ending at ``end`` that costs at most ``budget``
@@ -104,6 +129,7 @@ class History(list[dict[str, Any]]):
         clone = History.__new__(History)
         list.extend(clone, self[count:])
         clone._chats, clone._sums = self._chats[count:], self._sums[count:]
+        clone._rough = self._rough[count:]
         return clone
 
     def __reduce__(self) -> tuple[Any, ...]:  # copy.copy, copy.deepcopy: rebuilt from items
@@ -161,6 +187,15 @@ class History(list[dict[str, Any]]):
     def reverse(self) -> None:
         super().reverse()
         self._recompute()
+
+
+def exactly(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` itself if its ``tokens`` is exact, else a copy with the exact count."""
+    tokens = message.get("tokens")
+    if tokens is None:
+        return {**message, "tokens": count_tokens(message["content"])}
+    exact = exact_tokens(message["content"], tokens)
+    return message if exact == tokens else {**message, "tokens": exact}
 
 
 def _chat(message: dict[str, Any]) -> Message:

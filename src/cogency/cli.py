@@ -250,7 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--db", metavar="PATH_OR_URL",
                     help="database file, sqlite:///file.db or postgresql://… (default: "
-                         "$COGENCY_DB or cogency.db in the user data directory)")
+                         "$COGENCY_DB or cogency.db in the user data directory); "
+                         "sqlite:///file.db?synchronous=full makes every commit survive a "
+                         "power loss, not only a crash")
     db.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     user = argparse.ArgumentParser(add_help=False)
     user.add_argument("--user", default="default", help="user id (default: %(default)s)")

@@ -24,7 +24,7 @@ from .llm.base import Message
 from .reason import SECURITY_PREAMBLE, contract
 from .state.execution import Execution
 from .state.workspace import Workspace
-from .tokens import count_tokens, truncate_tokens
+from .tokens import count_tokens, most_tokens, truncate_tokens
 from .tools.base import Tool
 
 
@@ -62,8 +62,7 @@ def build_context(
 
 
 def _within(text: str, budget: int) -> str:
-    # Every token is at least one byte: text of no more bytes than the budget needs no count.
-    return text if len(text.encode()) <= budget else truncate_tokens(text, budget)
+    return truncate_tokens(text, budget)  # text of no more bytes than the budget is not counted
 
 
 def system_prompt(context: str, identity: str, first_iteration: bool, client: str = "") -> str:
@@ -99,18 +98,25 @@ def prompt_messages(
     Runs every iteration over a window that can hold thousands of messages: given a
     :class:`~cogency._history.History` (as ``execution.messages`` is), it does no Python work
     per message, so a turn costs the same at turn 10 and turn 1,000.
+
+    Stored counts may be upper bounds (see :mod:`cogency.tokens`). When the bounds fit, all
+    is sent and nothing is counted; when they do not, what is left out depends on the counts,
+    so ``history``'s messages get their exact counts first (in place, once: the only change
+    made to an argument) and only then is anything left out or refused.
     """
     if not isinstance(history, History):
         history = History(history)
-    chats, count = history.chats, len(history)
     head: list[Message] = [{"role": "system", "content": system}]
     room = window - output
+    count = len(history)
     begin = _turn_start(history, 0, count)  # a window may begin inside a turn
-    total = history.cost(begin)
     # Tokens never outnumber UTF-8 bytes: when that bound leaves room for everything,
     # counting the system message (~250 µs) cannot change what is sent.
-    if len(system.encode()) + MESSAGE_TOKENS + total <= room:
-        return [*head, *chats[begin:]]
+    if most_tokens(system) + MESSAGE_TOKENS + history.cost(begin) <= room:
+        return [*head, *history.chats[begin:]]
+    history.count_exactly()
+    chats = history.chats
+    total = history.cost(begin)
     system_tokens = count_tokens(system) + MESSAGE_TOKENS
     budget = room - system_tokens
     if total <= budget:

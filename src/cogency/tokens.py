@@ -1,16 +1,29 @@
-"""Offline token counting with the cl100k_base encoding shipped in the package.
+"""Token counts with the cl100k_base encoding shipped in the package, loaded only when a count
+must be exact.
 
-tiktoken downloads its encodings at run time; Cogency ships the file so counting
-works with no network. The encoding loads once, on first use.
+No token is shorter than one byte, so a text's UTF-8 length is an upper bound of its tokens
+(:func:`most_tokens`). Most decisions need no more: a prompt whose bound fits the window fits,
+a history whose bound fits its budget is kept whole. The exact encoding (about 100 ms of CPU
+and 17 MiB) loads on the first count that must be exact, so a process whose conversations stay
+well below their windows never loads it (:func:`loaded` says whether it did).
+
+A message's stored ``tokens`` (:func:`message_tokens`) is its exact count when this process
+has the encoding loaded, else its UTF-8 length: an upper bound, and marked as such by being
+equal to that length (an exact count that happens to equal it is recounted to the same number,
+so the mark never misleads). Wherever a window's edge depends on a count, the count is made
+exact first (:func:`exact_tokens`): windows hold what exact counts would give them.
+
+tiktoken downloads its encodings at run time; Cogency ships the ranks so counting works with
+no network (``scripts/pack_encoding.py`` made the file from tiktoken's published one).
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
 import re
-from functools import cache
+import threading
+import zlib
 from importlib import resources
+from itertools import accumulate, pairwise, starmap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,20 +33,64 @@ _PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
     r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
+_RANKS_FILE = "cl100k_base.ranks"
+
+_loaded: list[tiktoken.Encoding] = []  # the encoding once loaded (a cache of a constant)
+_loading = threading.Lock()  # the store's thread and the event loop may both count
 
 
-@cache
+def loaded() -> bool:
+    """Whether this process has loaded the exact encoding (only a count that had to be exact
+    loads it)."""
+    return bool(_loaded)
+
+
 def _encoding() -> tiktoken.Encoding:
+    if _loaded:
+        return _loaded[0]
+    with _loading:
+        if not _loaded:
+            _loaded.append(_load())
+    return _loaded[0]
+
+
+def _load() -> tiktoken.Encoding:
     import tiktoken
 
-    raw = resources.files("cogency._data").joinpath("cl100k_base.tiktoken.gz").read_bytes()
-    ranks = {
-        base64.b64decode(token): int(rank)
-        for token, rank in (line.split() for line in gzip.decompress(raw).splitlines() if line)
-    }
-    return tiktoken.Encoding(
-        "cl100k_base", pat_str=_PATTERN, mergeable_ranks=ranks, special_tokens={}
+    # The packed ranks: token count, one length byte per token, the tokens in rank order.
+    data = zlib.decompress(resources.files("cogency._data").joinpath(_RANKS_FILE).read_bytes())
+    count = int.from_bytes(data[:4], "little")
+    spans = starmap(slice, pairwise(accumulate(data[4 : 4 + count], initial=4 + count)))
+    tokens = map(data.__getitem__, spans)  # sliced in C, no parsing
+    encoding = tiktoken.Encoding(
+        "cl100k_base", pat_str=_PATTERN, mergeable_ranks=dict(zip(tokens, range(count))),
+        special_tokens={},
     )
+    # tiktoken's Rust core holds its own copy of the ranks; the Python dict it keeps is read
+    # only to pickle the encoding, which nothing here does: dropping it frees ~10 MiB.
+    encoding._mergeable_ranks = {}
+    return encoding
+
+
+def most_tokens(text: str) -> int:
+    """An upper bound of ``text``'s tokens with no encoding loaded: its UTF-8 length."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def message_tokens(text: str) -> int:
+    """What a stored message's ``tokens`` holds: the exact count when the encoding is loaded,
+    else :func:`most_tokens` (an upper bound that :func:`exact_tokens` recognises)."""
+    return count_tokens(text) if _loaded else most_tokens(text)
+
+
+def is_estimate(text: str, tokens: int) -> bool:
+    """Whether a stored count may be the upper bound rather than the exact count."""
+    return tokens > 1 and tokens == most_tokens(text)
+
+
+def exact_tokens(text: str, tokens: int) -> int:
+    """The exact count of a message stored with ``tokens`` (recounted if it may be a bound)."""
+    return count_tokens(text) if is_estimate(text, tokens) else tokens
 
 
 _LONG_RUN = re.compile(r"\S{%d,}" % 128)
@@ -44,7 +101,8 @@ def _encode(text: str) -> list[int]:
 
     BPE time grows with the square of a pre-token's length: one 40,000-character run (CJK
     prose, base64, minified code) took 17 s. Cutting long runs keeps encoding linear; counts
-    differ from exact ones only inside such runs, by about one token per cut.
+    differ from exact ones only inside such runs, by about one token per cut (every piece is
+    still at least one byte a token, so :func:`most_tokens` stays a bound).
     """
     encoding = _encoding()
     if _LONG_RUN.search(text) is None:
@@ -61,16 +119,20 @@ def _encode(text: str) -> list[int]:
 
 
 def count_tokens(text: str) -> int:
-    """Number of cl100k_base tokens in ``text`` (special-token text counts as plain text)."""
+    """Number of cl100k_base tokens in ``text`` (special-token text counts as plain text).
+    Loads the encoding on first use."""
     if not text:
         return 0
     return len(_encode(text))
 
 
 def truncate_tokens(text: str, limit: int, marker: str = " …[truncated]") -> str:
-    """``text`` cut to at most ``limit`` tokens, marked when cut."""
+    """``text`` cut to at most ``limit`` tokens, marked when cut (a text whose UTF-8 length is
+    within ``limit`` is returned as it is, with no encoding loaded)."""
     if limit <= 0:
         return ""
+    if most_tokens(text) <= limit:
+        return text
     encoding = _encoding()
     ids = _encode(text)
     if len(ids) <= limit:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _telemetry
 from .._fence import DATA_NOTE, fence
 from ..errors import ConfigurationError, ForgottenError, UsageError
-from ..tokens import count_tokens, truncate_tokens
+from ..tokens import count_tokens, most_tokens, truncate_tokens
 from .synthesizer import EXCERPT_TOKENS, ImpressionSynthesizer
 
 if TYPE_CHECKING:
@@ -117,9 +117,9 @@ class Memory:
         profile = await self.profile(user_id)
         if profile is None or profile.is_empty():
             return ""
-        inside = truncate_tokens(
-            fence(profile.compress()), max(0, self.profile_tokens - count_tokens(_FRAME))
-        )
+        inside = fence(profile.compress())
+        if most_tokens(inside) + most_tokens(_FRAME) > self.profile_tokens:  # else it fits
+            inside = truncate_tokens(inside, max(0, self.profile_tokens - count_tokens(_FRAME)))
         return f"{USER_CONTEXT}\n<user_profile>\n{inside}\n</user_profile>"
 
     # -- learning ---------------------------------------------------------------------------

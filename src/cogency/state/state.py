@@ -15,7 +15,7 @@ from .._history import History
 from .._redact import scrub_surrogates
 from ..errors import CorruptDataError, UsageError
 from ..storage.base import ConversationRecord, SaveBatch, TaskRecord
-from ..tokens import count_tokens
+from ..tokens import message_tokens
 from .conversation import Conversation
 from .execution import Execution
 from .workspace import Workspace
@@ -293,12 +293,14 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
 
 
 def _message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
+    content = scrub_surrogates(content)  # a model's "\ud800" must not fail the save
     return {
         "id": uuid.uuid4().hex,  # the database stores each id once: retried saves never double
         "role": role,
-        "content": scrub_surrogates(content),  # a model's "\ud800" must not fail the save
+        "content": content,
         "task_id": state.task_id,
-        "tokens": count_tokens(content),
+        # Exact once the encoding is loaded, else an upper bound made exact where it matters.
+        "tokens": message_tokens(content),
         "created_at": _time.now().isoformat(),
         **extra,
     }

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 from ..errors import UsageError
 from .base import ConversationRecord, SaveBatch, Store, TaskRecord
@@ -38,20 +39,27 @@ def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Sto
     or ``postgresql://…``. ``None`` means ``$COGENCY_DB`` or the default file, whose
     directory is created if missing (a file given here must be in a directory that exists).
     ``options`` go to the store; ``read_only=True`` (both backends) opens without creating,
-    migrating or writing anything.
+    migrating or writing anything. A SQLite store's durability is ``synchronous="normal"``
+    (the default: survives the process crashing) or ``"full"`` (survives a power loss too),
+    also given in the URL as ``sqlite:///agent.db?synchronous=full``.
     """
     default = url is None
     if url is None:
         url = os.environ.get(ENV_VAR) or default_db_path()
     text = os.fspath(url)
     if text.startswith(("postgresql://", "postgres://")):
+        if "synchronous" in options:
+            raise UsageError(
+                "synchronous= is a SQLite setting; a PostgreSQL commit's durability is the "
+                "server's synchronous_commit (on by default: every commit survives a power loss)"
+            )
         from .postgres import PostgresStore
 
         return PostgresStore(text, **options)
     if default and not options.get("read_only"):
         options = {"create_dirs": True, **options}
     if text.startswith("sqlite:"):
-        rest = text[len("sqlite:"):]
+        rest, options = _sqlite_url_options(text, options)
         if rest in ("", "//", "//:memory:", ":memory:", "///:memory:"):
             return SQLiteStore(":memory:", **options)
         if not rest.startswith("///"):
@@ -67,6 +75,28 @@ def open_store(url: str | os.PathLike[str] | None = None, **options: Any) -> Sto
     if not text.strip():
         raise UsageError("the database path is empty: pass a file path or a URL")
     return SQLiteStore(text, **options)
+
+
+def _sqlite_url_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The part of a ``sqlite:`` URL after the scheme, less its query, and the options with
+    the query's (``?synchronous=full``) added."""
+    rest, _, query = url[len("sqlite:"):].partition("?")
+    if not query:
+        return rest, options
+    pairs = parse_qsl(query, keep_blank_values=True)
+    unknown = sorted({key for key, _ in pairs} - {"synchronous"})
+    if unknown or len(pairs) != 1:
+        raise UsageError(
+            f"cannot read the SQLite URL {url!r}: the only setting it takes is "
+            "?synchronous=normal or ?synchronous=full"
+        )
+    value = pairs[0][1]
+    if "synchronous" in options and options["synchronous"] != value:
+        raise UsageError(
+            f"the URL {url!r} says synchronous={value} but synchronous={options['synchronous']!r}"
+            " was passed too: say it once"
+        )
+    return rest, {**options, "synchronous": value}
 
 
 def __getattr__(name: str) -> Any:

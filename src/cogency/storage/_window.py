@@ -6,20 +6,64 @@ with the rows after the last seq it saw, once the store has checked that this ro
 there unchanged (a conversation erased and made again under its id is read afresh). The
 window is a :class:`~cogency._history.History`, so what building a prompt needs of each
 message is computed once, when it joins, and handed on with every copy.
+
+A stored count may be an upper bound of the message's tokens (see :mod:`cogency.tokens`).
+While the bounds fit the budget every message fits and none is counted; where they do not,
+the counts that decide the window's edge are made exact first (:class:`Newest`), so a window
+holds the newest messages that fit by their exact counts.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
-from .._history import History
+from .._history import History, exactly
+from ..tokens import is_estimate
+
+
+class Newest:
+    """The newest messages that fit ``budget`` tokens (and ``limit`` messages), fed newest
+    first to :meth:`take` until it says no more fit.
+
+    Stored counts are taken as they are while their sum fits; at the first message that does
+    not, the messages taken so far and every one after get their exact counts (copies of
+    the dicts), so the window's edge is where exact counts put it.
+    """
+
+    __slots__ = ("budget", "limit", "picked", "used", "exact")
+
+    def __init__(self, budget: int | None, limit: int | None = None) -> None:
+        self.budget, self.limit = budget, limit
+        self.picked: list[dict[str, Any]] = []  # newest first
+        self.used = 0
+        self.exact = False
+
+    def take(self, message: dict[str, Any]) -> bool:
+        """Keep ``message`` if it fits; ``False`` (and nothing kept) once it does not."""
+        if self.limit is not None and len(self.picked) >= self.limit:
+            return False
+        if self.budget is None:
+            self.picked.append(message)
+            return True
+        if not self.exact and self.used + message["tokens"] > self.budget:
+            self.exact = True  # the edge is near: from here on counts must be exact
+            self.picked = [exactly(m) for m in self.picked]
+            self.used = sum(m["tokens"] for m in self.picked)
+        if self.exact:
+            message = exactly(message)
+        if self.used + message["tokens"] > self.budget:
+            return False
+        self.used += message["tokens"]
+        self.picked.append(message)
+        return True
 
 
 class Window:
-    """The newest messages of a conversation whose stored token counts fit ``budget``, and
-    the seq and ``created_at`` of the newest message seen (to check the window still holds)."""
+    """The newest messages of a conversation that fit ``budget`` tokens, and the seq and
+    ``created_at`` of the newest message seen (to check the window still holds)."""
 
     __slots__ = ("budget", "messages", "used", "last_seq", "last_stamp")
 
@@ -34,19 +78,23 @@ class Window:
                last_stamp: str) -> Window:
         """The window of the messages in ``newest_first`` (newest first) that fit, stopping
         at the first that does not."""
-        picked: list[dict[str, Any]] = []
-        used = 0
+        fit = Newest(budget)
         for message in newest_first:
-            if used + message["tokens"] > budget:
+            if not fit.take(message):
                 break
-            used += message["tokens"]
-            picked.append(message)
-        return cls(budget, History(reversed(picked)), used, last_seq, last_stamp)
+        return cls(budget, History(reversed(fit.picked)), fit.used, last_seq, last_stamp)
 
     def advanced(self, fresh: list[dict[str, Any]], last_seq: int, last_stamp: str) -> Window:
         """This window with ``fresh`` (the messages after ``last_seq``, oldest first) added
         and the oldest dropped while the window is over budget."""
         old, used = self.messages, self.used + sum(m["tokens"] for m in fresh)
+        if used > self.budget:  # something is dropped: which depends on exact counts
+            if old.estimated:  # once: the window is chosen again, by exact counts
+                return Window.newest(self.budget, chain(reversed(fresh), reversed(old)),
+                                     last_seq, last_stamp)
+            if any(is_estimate(m["content"], m["tokens"]) for m in fresh):
+                fresh = [exactly(m) for m in fresh]
+                used = self.used + sum(m["tokens"] for m in fresh)
         drop = 0  # the oldest messages over budget, counted before anything is copied
         while drop < len(old) + len(fresh) and used > self.budget:
             used -= (old[drop] if drop < len(old) else fresh[drop - len(old)])["tokens"]

@@ -563,13 +563,13 @@ def legacy_messages(
             f"conversations row {conversation_id!r} holds a 'messages' value that is not a "
             "list of objects; repair or delete the row, then open the database again"
         )
-    from ..tokens import count_tokens
+    from ..tokens import message_tokens
 
     rows = []
     for seq, message in enumerate(messages, start=1):
         content = message.get("content", "")
         content = content if isinstance(content, str) else dumps(content)
-        rows.append((seq, str(message.get("role", "user")), content, count_tokens(content),
+        rows.append((seq, str(message.get("role", "user")), content, message_tokens(content),
                      str(message.get("timestamp") or stamp)))
     return rows
 

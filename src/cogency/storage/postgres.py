@@ -35,7 +35,7 @@ from ..errors import (
     UsageError,
 )
 from ..memory.profile import Profile
-from ._window import Window, Windows
+from ._window import Newest, Window, Windows
 from .base import (
     MIGRATION_NAMES,
     ApiKeyRecord,
@@ -1241,8 +1241,7 @@ class PostgresStore:
             # Newest first, a page at a time: a long history is read only as far as the window
             # reaches, and the usual window takes one round trip. Messages are only appended,
             # so pages by seq need no snapshot.
-            picked: list[dict[str, Any]] = []
-            used = 0
+            fit = Newest(token_budget, limit)
             below = None
             page = _MESSAGE_BATCH if limit is None else max(1, min(limit + 1, _MESSAGE_BATCH))
             while True:
@@ -1251,16 +1250,12 @@ class PostgresStore:
                     raise NotFoundError(no_conversation(conversation_id, user_id))
                 for row in rows:
                     if row[0] is None:
-                        return picked[::-1]  # the conversation has no more messages
-                    if limit is not None and len(picked) >= limit:
-                        return picked[::-1]
-                    if token_budget is not None and used + row[4] > token_budget:
-                        return picked[::-1]
-                    used += row[4]
-                    picked.append(_message(row))
+                        return fit.picked[::-1]  # the conversation has no more messages
+                    if not fit.take(_message(row)):
+                        return fit.picked[::-1]
                 if len(rows) < page:
-                    return picked[::-1]
-                below = picked[-1]["seq"]
+                    return fit.picked[::-1]
+                below = fit.picked[-1]["seq"]
 
         return await self._read("loading messages", work)
 

@@ -24,7 +24,7 @@ from ..errors import (
     UsageError,
 )
 from ..memory.profile import Profile
-from ._window import Window, Windows
+from ._window import Newest, Window, Windows
 from .base import (
     MIGRATION_NAMES,
     ApiKeyRecord,
@@ -62,6 +62,8 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 10_000
 LEASE_SECONDS = 30.0
 """How long a runner's hold on a task lasts unless renewed (the store renews it every third)."""
+SYNCHRONOUS = ("normal", "full")
+"""The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
 
 
 def _m001_initial(db: sqlite3.Connection) -> None:
@@ -393,6 +395,12 @@ class SQLiteStore:
     :class:`~cogency.errors.NotFoundError`, a file with an older schema a
     :class:`~cogency.errors.StorageError` saying to open it once for writing, and writes raise
     :class:`~cogency.errors.UsageError`. It reads files the process may not write.
+
+    ``synchronous`` is what a commit survives (SQLite's ``PRAGMA synchronous``, in WAL mode):
+    ``"normal"`` (the default) survives the process crashing or being killed at any moment, but
+    a power loss or an operating-system crash may lose the last commits (the file stays
+    consistent); ``"full"`` flushes every commit to the disk before it returns, so a commit
+    survives a power loss too, at the price of a disk flush per commit.
     """
 
     def __init__(
@@ -403,9 +411,16 @@ class SQLiteStore:
         lease: float = LEASE_SECONDS,
         read_only: bool = False,
         create_dirs: bool = False,
+        synchronous: str = "normal",
     ) -> None:
         if lease <= 0:
             raise UsageError("lease must be a positive number of seconds")
+        if not isinstance(synchronous, str) or synchronous.lower() not in SYNCHRONOUS:
+            raise UsageError(
+                f"synchronous must be 'normal' or 'full', not {synchronous!r}: 'full' makes "
+                "every commit survive a power loss, 'normal' only a crash of the process"
+            )
+        self.synchronous = synchronous.lower()
         self.path = str(path)
         self.read_only = read_only
         self.create_dirs = create_dirs
@@ -458,7 +473,7 @@ class SQLiteStore:
             db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             migrate(db)
         except BaseException as exc:
             if db is not None:  # a failed open (locked, too new, corrupt) keeps no connection
@@ -1287,17 +1302,11 @@ def _message(row: tuple[Any, ...]) -> dict[str, Any]:
 def _window(
     rows: Iterable[tuple[Any, ...]], token_budget: int | None, limit: int | None
 ) -> list[dict[str, Any]]:
-    picked: list[dict[str, Any]] = []
-    used = 0
+    fit = Newest(token_budget, limit)
     for row in rows:
-        if limit is not None and len(picked) >= limit:
+        if not fit.take(_message(row)):
             break
-        if token_budget is not None and used + row[4] > token_budget:
-            break
-        used += row[4]
-        picked.append(_message(row))
-    picked.reverse()
-    return picked
+    return fit.picked[::-1]
 
 
 class _Windows(Windows):

@@ -1,0 +1,195 @@
+"""``python -m bench.replay``: a durable Cogency turn against its own SQL run through plain sqlite3.
+
+The SQL floor of a turn: what the statements a turn sends SQLite cost with nothing around
+them. One conversation is run with its store's connection recording every statement with its
+parameters (``execute``/``executemany``), turn by turn; then, interleaved turn by turn, a
+fresh Cogency conversation (timed) and the recorded turns replayed through a plain
+``sqlite3`` connection on a fresh file (timed), both at the same ``synchronous``. The ratio of
+their CPU per turn is what Cogency adds to its SQL (the agent loop, the model call, the
+thread hop to the store's worker, Python around every statement).
+
+The replay is checked to be the same work: sqlite3's trace callback, on the recording
+connection and on an untimed replay, sees the same statements with the same values, in the
+same order (a statement the recording missed would show there). Two replays: parameterized,
+as the store sends them (the floor: the statements are parsed once and cached, as the
+store's are), and literal, the traced SQL text itself (each statement parsed again).
+
+    python -m bench.replay --synchronous full --turns 60     # prints one JSON line
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.peers import cogency as adapter
+from bench.peers._harness import SESSION_ID, USER_ID, Script, answer_text, user_text
+
+Statement = tuple[str, str, Any]  # ("one" | "many", sql, parameters)
+
+
+class _Recording(sqlite3.Connection):
+    """A connection that records every statement it is asked to run, with its parameters."""
+
+    log: list[Statement]
+    traces: list[str]
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:  # type: ignore[override]
+        self.log.append(("one", sql, parameters))
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:  # type: ignore[override]
+        rows = list(parameters)
+        self.log.append(("many", sql, rows))
+        return super().executemany(sql, rows)
+
+    def executescript(self, script: str, /) -> sqlite3.Cursor:  # type: ignore[override]
+        raise AssertionError("the store ran a script: replay cannot record it statement-wise")
+
+
+@contextmanager
+def recording(log: list[Statement], traces: list[str]) -> Iterator[None]:
+    """Every ``sqlite3.connect`` in this block makes a recording, traced connection."""
+    real = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = real(*args, factory=_Recording, **kwargs)
+        assert isinstance(connection, _Recording)
+        connection.log, connection.traces = log, traces
+        connection.set_trace_callback(traces.append)
+        return connection
+
+    sqlite3.connect = connect  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sqlite3.connect = real  # type: ignore[assignment]
+
+
+async def capture(path: Path, turns: int, synchronous: str
+                  ) -> tuple[list[Statement], list[list[Statement]], list[str], list[list[str]]]:
+    """The statements of opening the store and of each of ``turns`` turns, the whole trace,
+    and each turn's traced statements (literal SQL)."""
+    log: list[Statement] = []
+    traces: list[str] = []
+    script = Script()
+    per_turn: list[list[Statement]] = []
+    traced: list[list[str]] = []
+    with recording(log, traces):
+        session = await adapter.open_session(script, str(path), synchronous)
+        try:
+            await session.store.list_tasks(USER_ID)  # opens the connection: setup, untimed
+            setup_end = len(log)
+            for turn in range(1, turns + 1):
+                script.set(("answer", answer_text(turn)))
+                before, before_trace = len(log), len(traces)
+                assert await session.turn(user_text(turn)) == answer_text(turn)
+                per_turn.append(log[before:])
+                traced.append(traces[before_trace:])
+        finally:
+            await session.close()
+    return log[:setup_end], per_turn, traces, traced
+
+
+def replay_connection(path: Path, setup: list[Statement]) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    run(db, setup)
+    return db
+
+
+def run(db: sqlite3.Connection, statements: list[Statement]) -> None:
+    for kind, sql, parameters in statements:
+        if kind == "one":
+            db.execute(sql, parameters).fetchall()
+        else:
+            db.executemany(sql, parameters)
+
+
+async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-replay-") as directory:
+        folder = Path(directory)
+        setup, per_turn, traces, traced = await capture(folder / "captured.db", turns,
+                                                        synchronous)
+        # The replay is the same work: the same statements, values and order.
+        check = replay_connection(folder / "check.db", [])
+        replayed: list[str] = []
+        check.set_trace_callback(replayed.append)
+        run(check, setup)
+        for statements in per_turn:
+            run(check, statements)
+        check.close()
+        if replayed != traces:
+            first = next(i for i, (a, b) in enumerate(zip(replayed, traces)) if a != b) \
+                if any(a != b for a, b in zip(replayed, traces)) else min(len(replayed),
+                                                                         len(traces))
+            raise AssertionError(
+                f"the replay differs from the recorded turn at statement {first}: "
+                f"{replayed[first:first + 1]!r} vs {traces[first:first + 1]!r}")
+
+        db = replay_connection(folder / "replay.db", setup)
+        literal = replay_connection(folder / "literal.db", setup)
+        script = Script()
+        session = await adapter.open_session(script, str(folder / "timed.db"), synchronous)
+        wall: dict[str, list[float]] = {"cogency": [], "replay": [], "literal": []}
+        cpu: dict[str, list[float]] = {"cogency": [], "replay": [], "literal": []}
+        try:
+            for turn, (statements, texts) in enumerate(zip(per_turn, traced), start=1):
+                script.set(("answer", answer_text(turn)))
+                began, began_cpu = time.perf_counter(), time.process_time()
+                answer = await session.turn(user_text(turn))
+                wall["cogency"].append(time.perf_counter() - began)
+                cpu["cogency"].append(time.process_time() - began_cpu)
+                assert answer == answer_text(turn)
+                began, began_cpu = time.perf_counter(), time.process_time()
+                run(db, statements)
+                wall["replay"].append(time.perf_counter() - began)
+                cpu["replay"].append(time.process_time() - began_cpu)
+                began, began_cpu = time.perf_counter(), time.process_time()
+                for text in texts:  # as sqlite3's trace callback saw it: literal SQL
+                    literal.execute(text).fetchall()
+                wall["literal"].append(time.perf_counter() - began)
+                cpu["literal"].append(time.process_time() - began_cpu)
+            seen = await session.synchronous()
+        finally:
+            await session.close()
+            db.close()
+            literal.close()
+        assert seen == {{"normal": 1, "full": 2}[synchronous]}, seen
+    statements_per_turn = statistics.median(
+        sum(len(p) if k == "many" else 1 for k, _, p in s) for s in per_turn)
+    med = {key: {way: statistics.median(values[skip:]) for way, values in figures.items()}
+           for key, figures in (("wall", wall), ("cpu", cpu))}
+    return {
+        "case": "replay", "framework": "cogency", "synchronous": synchronous, "turns": turns,
+        "statements_per_turn": statements_per_turn,
+        "transactions_per_turn": statistics.median(
+            sum(1 for _, sql, _ in s if sql.startswith("BEGIN")) for s in per_turn),
+        "wall": med["wall"], "cpu": med["cpu"],
+        "cpu_ratio": med["cpu"]["cogency"] / med["cpu"]["replay"],
+        "wall_ratio": med["wall"]["cogency"] / med["wall"]["replay"],
+        "cpu_ratio_literal": med["cpu"]["cogency"] / med["cpu"]["literal"],
+        "wall_ratio_literal": med["wall"]["cogency"] / med["wall"]["literal"],
+        "conversation": SESSION_ID,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__)
+    parser.add_argument("--synchronous", choices=("normal", "full"), default="normal")
+    parser.add_argument("--turns", type=int, default=60)
+    args = parser.parse_args(argv)
+    print(json.dumps(asyncio.run(measure(args.turns, args.synchronous))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
