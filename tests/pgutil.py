@@ -151,12 +151,3 @@ async def wait_for_blocked_backend(
             return int(pid)
         await asyncio.sleep(0.01)
     raise AssertionError(f"no store session blocked on a lock within {timeout}s")
-
-
-async def advisory_locks(observer: Any) -> int:
-    """How many advisory locks are held in ``observer``'s database (one per store that holds
-    or claimed tasks: its lease key)."""
-    return await observer.fetchval(
-        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-        "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()"
-    )

@@ -112,16 +112,23 @@ class Leases:
         while self.tasks or self.holds:
             await asyncio.sleep(self.seconds / 3)
             # A run that ended unreleased (its process knows it is over) renews no more.
-            tasks = {key: hold for key, hold in self.tasks.items() if runner_alive(hold[0])}
-            holds = {key: hold for key, hold in self.holds.items() if runner_alive(hold[0])}
+            tasks, holds = dict(self.tasks), dict(self.holds)
+            ended_tasks = {key for key, (runner, _) in tasks.items() if not runner_alive(runner)}
+            ended_holds = {key for key, (runner, _) in holds.items() if not runner_alive(runner)}
+            live_tasks = {k: v for k, v in tasks.items() if k not in ended_tasks}
+            live_holds = {k: v for k, v in holds.items() if k not in ended_holds}
             try:
-                lost_tasks, lost_holds = (
-                    await self.renew(tasks, holds) if tasks or holds else (set(), set()))
+                lost_tasks, lost_holds = (await self.renew(live_tasks, live_holds)
+                                          if live_tasks or live_holds else (set(), set()))
             except (StorageError, UsageError):
                 # Nobody waits on a renewal: a busy or closed database lets the lease lapse,
                 # and the run's next write (fenced by its epochs) reports what happened.
-                continue
-            for task in (set(self.tasks) - set(tasks)) | lost_tasks:
-                self.tasks.pop(task, None)  # (its fence stays: its next write is refused)
-            for conversation in (set(self.holds) - set(holds)) | lost_holds:
-                self.holds.pop(conversation, None)
+                lost_tasks, lost_holds = set(), set()
+            # Only what is still as it was: a task or hold taken again meanwhile stays. A lost
+            # task keeps its fence, so its next write is refused.
+            for key in ended_tasks | lost_tasks:
+                if self.tasks.get(key) == tasks[key]:
+                    del self.tasks[key]
+            for key in ended_holds | lost_holds:
+                if self.holds.get(key) == holds[key]:
+                    del self.holds[key]

@@ -895,10 +895,24 @@ class PostgresStore:
         return StorageError(f"cannot open PostgreSQL at {where}: {type(exc).__name__}: {exc}")
 
     async def close(self) -> None:
-        """Close the pool and stop renewing what this store holds. Safe to call twice."""
+        """Give up every task and conversation this store holds, and close the pool. Safe to
+        call twice."""
+        tasks, holds = dict(self._leases.tasks), dict(self._leases.holds)
+        self._leases.clear()
+        for runner, _ in (*tasks.values(), *holds.values()):
+            abandon_runner(runner)  # over, whatever the database says
+        if (tasks or holds) and self._pool is not None and not self._closed:
+            try:
+                await self._use(
+                    "letting go of leases",
+                    lambda db: db.fetch(_LET_GO, list(tasks), [r for r, _ in tasks.values()],
+                                        list(holds), [r for r, _ in holds.values()]),
+                    scope="leases", write=False, transaction=False,
+                )
+            except CogencyError as exc:  # they lapse by themselves
+                log.warning("could not let go of leases on closing: %s", exc)
         self._closed = True
         pool, self._pool = self._pool, None
-        self._leases.clear()
         if pool is not None:
             await pool.close()
 
@@ -1523,6 +1537,16 @@ _RENEW = _Sql(
     + " FROM unnest($4::text[], $5::text[], $6::int[]) AS h(conversation_id, runner, epoch) "
     "WHERE r.conversation_id = h.conversation_id AND r.runner = h.runner "
     "AND r.epoch = h.epoch RETURNING r.conversation_id)",
+)
+
+_LET_GO = _Sql(
+    "SELECT (SELECT count(*) FROM t) + (SELECT count(*) FROM c) AS released",
+    ctes="t AS (UPDATE task_workspaces w SET runner = NULL, lease_until = NULL "
+    "FROM unnest($1::text[], $2::text[]) AS h(task_id, runner) "
+    "WHERE w.task_id = h.task_id AND w.runner = h.runner RETURNING 1), "
+    "c AS (UPDATE conversation_runs r SET runner = NULL, lease_until = NULL "
+    "FROM unnest($3::text[], $4::text[]) AS h(conversation_id, runner) "
+    "WHERE r.conversation_id = h.conversation_id AND r.runner = h.runner RETURNING 1)",
 )
 
 _CREATE_KEY = _Sql(

@@ -518,9 +518,29 @@ class SQLiteStore:
         return transaction
 
     async def close(self) -> None:
-        """Close the connection; the file stays. Safe to call twice."""
-        self._closed = True
+        """Give up every task and conversation this store holds, and close the connection;
+        the file stays. Safe to call twice."""
+        tasks, holds = dict(self._leases.tasks), dict(self._leases.holds)
         self._leases.clear()
+        for runner, _ in (*tasks.values(), *holds.values()):
+            abandon_runner(runner)  # over, whatever the database says
+        if (tasks or holds) and not self._closed and not self.read_only:
+
+            def let_go(db: sqlite3.Connection) -> None:
+                db.executemany(
+                    "UPDATE task_workspaces SET runner = NULL, lease_until = NULL "
+                    "WHERE task_id = ? AND runner = ?",
+                    [(task, runner) for task, (runner, _) in tasks.items()])
+                db.executemany(
+                    "UPDATE conversation_runs SET runner = NULL, lease_until = NULL "
+                    "WHERE conversation_id = ? AND runner = ?",
+                    [(conversation, runner) for conversation, (runner, _) in holds.items()])
+
+            try:
+                await self._run(self._write(let_go, wait=False))
+            except StorageError:
+                pass  # they lapse by themselves
+        self._closed = True
         if self._executor is not None:
             await self._run_close()
 
