@@ -494,6 +494,15 @@ class _Db:
         await self.connection.executemany(sql.text, [(*row, *self._settings) for row in rows])
 
 
+class _Mode:
+    """How the connections of one store prepare statements (switched for all at once)."""
+
+    __slots__ = ("unnamed",)
+
+    def __init__(self, unnamed: bool = False) -> None:
+        self.unnamed = unnamed
+
+
 _CONNECTIONS: dict[str, Any] = {}
 
 
@@ -503,7 +512,7 @@ def _connection_class() -> Any:
     - Statements it prepares have names no other client uses, so a statement sent to a
       server connection that lacks it fails ("does not exist") instead of running another
       client's statement of the same name.
-    - With ``unnamed`` set, statements are unnamed and parsed again in the same round trip as
+    - With its store's ``mode.unnamed`` set, statements are unnamed and parsed again in the same round trip as
       each execution (asyncpg re-parses an unprepared statement before Bind); their
       parameter and result types are kept here, so a statement costs one round trip, not the
       two of asyncpg's own ``statement_cache_size=0`` (describe, then execute).
@@ -515,7 +524,7 @@ def _connection_class() -> Any:
     class _Connection(asyncpg.Connection):  # type: ignore[name-defined]
         def __init__(self, *args: Any, **options: Any) -> None:
             super().__init__(*args, **options)
-            self.unnamed = False
+            self.mode = _Mode()  # its store's, once the pool made it
             self._token = os.urandom(6).hex()
             self._count = 0
             self._described: dict[Any, Any] = {}
@@ -527,7 +536,7 @@ def _connection_class() -> Any:
         async def _get_statement(self, query: str, timeout: Any, *, named: Any = False,
                                  use_cache: bool = True, ignore_custom_codec: bool = False,
                                  record_class: Any = None) -> Any:
-            if not self.unnamed or named or not use_cache:
+            if not self.mode.unnamed or named or not use_cache:
                 return await super()._get_statement(
                     query, timeout, named=named, use_cache=use_cache,
                     ignore_custom_codec=ignore_custom_codec, record_class=record_class)
@@ -621,6 +630,7 @@ class PostgresStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
         self._leases = Leases(lease, self._renew)
+        self._mode = _Mode()
         self._windows = _Windows()
         self._closed = False
 
@@ -664,8 +674,8 @@ class PostgresStore:
                 # is not planned again each time. Poolers refuse (PgBouncer) or drop it.
                 settings["plan_cache_mode"] = "force_generic_plan"
 
-            async def init(db: Any, unnamed: bool = pooled) -> None:
-                db.unnamed = unnamed
+            async def init(db: Any) -> None:
+                db.mode = self._mode
 
             try:
                 pool = await asyncpg.create_pool(
@@ -682,11 +692,13 @@ class PostgresStore:
                 )
             except Exception as exc:
                 if not pooled and _refused_setting(exc):
-                    self._found_pooler("it refused the startup parameter plan_cache_mode")
+                    log.info("PostgreSQL at %s is behind a pooler (it refused the startup "
+                             "parameter plan_cache_mode)", self._where())
+                    self._found(True)
                     continue
                 raise self._connect_error(exc) from exc
             break
-        self.pooled = pooled
+        self._found(pooled)
         try:
             async with pool.acquire(timeout=self.acquire_timeout) as db:
                 if self.read_only:
@@ -700,10 +712,10 @@ class PostgresStore:
             raise self._error(exc, "migrating the schema") from exc
         return pool
 
-    def _found_pooler(self, why: str) -> None:
-        log.info("PostgreSQL at %s is behind a pooler (%s): statements are parsed with each "
-                 "execution", self._where(), why)
-        self.pooled = True
+    def _found(self, pooled: bool) -> None:
+        """Behind a pooler (``pooled``) statements are unnamed, parsed with each execution."""
+        self.pooled = pooled
+        self._mode.unnamed = pooled
 
     def _forget_loop(self) -> None:
         if self._pool is not None:
@@ -757,6 +769,7 @@ class PostgresStore:
             except Exception as exc:
                 raise self._connect_error(exc) from exc
             committing = False
+            named = not self._mode.unnamed
             try:
                 scoped = _Db(db, settings)
                 if self.read_only:
@@ -773,10 +786,12 @@ class PostgresStore:
                 # A prepared statement went to a server connection that never saw it: a pooler
                 # in transaction mode hands out server connections per transaction. It ran
                 # nowhere (its names are this client's own), so run it again, unnamed.
-                if self.pooled:
+                if not named:
                     raise self._error(exc, operation) from exc
-                self._found_pooler("a prepared statement was missing on its server connection")
-                self._drop_pool()
+                if not self._mode.unnamed:
+                    log.info("PostgreSQL at %s is behind a pooler (a prepared statement was "
+                             "missing on its server connection)", self._where())
+                    self._found(True)
                 continue
             except asyncpg.exceptions.TransactionRollbackError as exc:
                 if attempt + 1 < _RETRIES:
@@ -796,15 +811,8 @@ class PostgresStore:
                         continue  # nothing of it is stored: run it again on a new connection
                 raise self._error(exc, operation, committing=committing) from exc
             finally:
-                if self._pool is pool:
-                    await pool.release(db)
+                await pool.release(db)
         raise AssertionError("unreachable")
-
-    def _drop_pool(self) -> None:
-        """Close the pool at once (its statements are named); the next call opens another."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.terminate()
 
     async def _read(self, operation: str, work: Callable[[_Db], Awaitable[T]], *,
                     user: str | None = None, scope: str | None = None) -> T:
