@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ (its PgBouncer)
+
 import pytest
 
+from bench.pooler import Pooler
 from cogency import _time
 from cogency.storage.postgres import PostgresStore
 
@@ -189,73 +194,14 @@ async def wait_for_blocked_backend(
     raise AssertionError(f"no store session blocked on a lock within {timeout}s")
 
 
-class PgBouncer:
-    """A PgBouncer process in front of the test server, on a free port, in ``mode``
-    (``transaction`` or ``session``), pooling at most ``pool_size`` server connections per
-    database and user. Debian's package (``.ci/run`` installs it); as root it runs as the
-    ``postgres`` user (PgBouncer refuses to run as root)."""
+class PgBouncer(Pooler):
+    """:class:`bench.pooler.Pooler` in front of the test server, for its admin and
+    :data:`APP_ROLE`."""
 
-    def __init__(self, mode: str, *, pool_size: int = 20, max_clients: int = 1000,
-                 extra: str = "") -> None:
-        import shutil
-        import socket
-        import subprocess
-        import tempfile
-        import time
-
-        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-        if not os.path.exists(binary):
-            raise RuntimeError("PgBouncer is not installed (apt-get install pgbouncer)")
+    def __init__(self, mode: str, **options: Any) -> None:
         server = urlsplit(ADMIN_DSN)
-        self.dir = tempfile.mkdtemp(prefix="cogency-pgbouncer-")
-        os.chmod(self.dir, 0o755)
-        users = os.path.join(self.dir, "users.txt")
-        with open(users, "w") as out:
-            out.write(f'"{server.username or "postgres"}" ""\n"{APP_ROLE}" ""\n')
-        for attempt in range(5):
-            with socket.socket() as probe:  # a free port (another process may take it first)
-                probe.bind(("127.0.0.1", 0))
-                self.port = probe.getsockname()[1]
-            config = os.path.join(self.dir, "pgbouncer.ini")
-            with open(config, "w") as out:
-                out.write(
-                    "[databases]\n"
-                    f"* = host={server.hostname or '127.0.0.1'} port={server.port or 5432}\n"
-                    "[pgbouncer]\n"
-                    f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\n"
-                    "unix_socket_dir =\n"
-                    f"auth_type = trust\nauth_file = {users}\n"
-                    f"pool_mode = {mode}\n"
-                    f"default_pool_size = {pool_size}\nmax_client_conn = {max_clients}\n"
-                    "autodb_idle_timeout = 10\nserver_login_retry = 1\n" + extra
-                )
-            for path in (users, config):
-                os.chmod(path, 0o644)
-            command = [binary, config]
-            if os.geteuid() == 0:
-                command[1:1] = ["-u", "postgres"]
-            self.log = open(os.path.join(self.dir, "pgbouncer.log"), "w+")
-            self.process = subprocess.Popen(command, stdout=self.log, stderr=self.log)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self.process.poll() is None:
-                with socket.socket() as client:
-                    if client.connect_ex(("127.0.0.1", self.port)) == 0:
-                        return
-                time.sleep(0.05)
-            self.log.seek(0)
-            said = self.log.read()[-2000:]
-            self.stop()
-        raise RuntimeError(f"PgBouncer did not start: {said}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except Exception:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
+        super().__init__(mode, host=server.hostname or "127.0.0.1", port=server.port or 5432,
+                         users=(server.username or "postgres", APP_ROLE), **options)
 
 
 def pgbouncer(mode: str) -> PgBouncer:
