@@ -96,3 +96,21 @@ async def test_a_one_step_turn_is_two_round_trips_through_pgbouncer():
     bouncer = pgutil.pgbouncer("transaction")
     async with pgutil.fresh_database(as_app=True, port=bouncer.port) as dsn:
         assert await round_trips(dsn) == {"begin_task": 1, "save": 1, "total": 2}
+
+
+async def test_the_readmes_pgbouncer_settings_work():
+    """The example configuration of the README's "Serving at scale": its [pgbouncer]
+    settings (its address and authentication aside, which are the test's) carry runs."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = readme.split("```ini\n", 1)[1].split("```", 1)[0]
+    settings = example.split("[pgbouncer]\n", 1)[1]
+    kept = "".join(line + "\n" for line in settings.splitlines()
+                   if line.strip() and not line.startswith(("listen_", "auth_")))
+    assert "pool_mode = transaction" in kept
+    bouncer = pgutil.PgBouncer("transaction", extra=kept)
+    try:
+        async with pgutil.fresh_store(as_app=True, port=bouncer.port) as store:
+            assert await _conversation(store, 2) == ["answer 0", "answer 1"]
+            assert store.pooled is True
+    finally:
+        bouncer.stop()

@@ -206,6 +206,40 @@ async def test_no_session_holds_a_run_killing_every_connection_loses_nothing(pg,
     assert await observer.fetchval("SELECT runner FROM conversation_runs") is None
 
 
+async def test_a_store_never_opens_more_than_its_pool(observer):
+    """Runs, their leases' renewals and conversation holds all share the store's pool: no
+    lease connection or other session besides it."""
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    async with pgutil.fresh_store(max_size=3, lease=0.3) as store:
+        seen: list[int] = []
+        done = asyncio.Event()
+
+        async def sample() -> None:
+            probe = await pgutil.connect(store.dsn)
+            try:
+                while not done.is_set():
+                    seen.append(await probe.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND pid <> pg_backend_pid()"))
+                    await asyncio.sleep(0.01)
+            finally:
+                await probe.close()
+
+        async def one(n: int) -> None:
+            await store.hold_conversation(f"c{n}", "alice", runner := new_runner())
+            llm = ScriptedLLM([{"response": f"a{n}"}], delay=0.2)  # past a renewal
+            await Agent(llm=llm, store=store).run(f"q{n}", "alice", f"c{n}")
+            await store.release_conversation(f"c{n}", runner)
+
+        sampler = asyncio.create_task(sample())
+        await asyncio.gather(*(one(n) for n in range(8)))
+        done.set()
+        await sampler
+    assert seen and max(seen) <= 3, max(seen)
+
+
 # -- failures that lose nothing ---------------------------------------------------------------
 
 
