@@ -87,6 +87,9 @@ _MIGRATION_LOCK = 0x636F67656E6379  # "cogency": one key for every process migra
 _RETRIES = 3
 """Attempts of one transaction: deadlock victims and connections lost before COMMIT."""
 _LOST_CONNECTION_RETRIES = 1
+_TAKE_ATTEMPTS = 3
+"""Statements one claim (or hold) may take: again after finding its holder's process gone,
+or a holder that committed in between."""
 _MESSAGE_BATCH = 256
 """Rows fetched per round trip while windowing history (newest first, stops at the budget)."""
 _TASK_KEY = "task_id = $1 AND user_id IS NOT DISTINCT FROM $2"
@@ -946,7 +949,7 @@ class PostgresStore:
 
         async def work(db: _Db) -> Any:
             dead = None
-            while True:
+            for _ in range(_TAKE_ATTEMPTS):
                 row = await db.fetchrow(_CLAIM, task_id, user_id, runner, dead, self.lease)
                 if row is None:
                     raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
@@ -955,6 +958,7 @@ class PostgresStore:
                 if not lease_free(row["runner"], row["lease_until"], row["now"]):
                     raise task_running(task_id, row["lease_until"])
                 dead = row["runner"]  # a runner of this host whose process is gone
+            raise task_running(task_id)  # others kept taking it meanwhile
 
         row = await self._use("claiming a task", work, user=user_id, transaction=False)
         epoch = int(row["taken"] if row["taken"] is not None else row["epoch"])
@@ -964,12 +968,13 @@ class PostgresStore:
     async def release_task(self, task_id: str, runner: str) -> None:
         if self._leases.tasks.get(task_id, (None,))[0] == runner:
             self._leases.drop_task(task_id)
+        await self._let_go("releasing a task", _RELEASE_TASK, task_id, runner)
+
+    async def _let_go(self, operation: str, sql: _Sql, key: str, runner: str) -> None:
+        """Clear ``runner``'s hold on one row (never waits; a repeat is harmless)."""
         try:
-            await self._use(
-                "releasing a task",
-                lambda db: db.fetch(_RELEASE_TASK, task_id, runner),
-                scope="leases", write=False, transaction=False,
-            )
+            await self._use(operation, lambda db: db.fetch(sql, key, runner),
+                            scope="leases", write=False, transaction=False)
         except BaseException:
             abandon_runner(runner)  # the run is over even if its row still names it
             raise
@@ -991,7 +996,7 @@ class PostgresStore:
     async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
         async def work(db: _Db) -> int:
             dead = None
-            while True:
+            for _ in range(_TAKE_ATTEMPTS):
                 # Across users (scope "holds"): another user's conversation is "not found".
                 row = await db.fetchrow(_HOLD, conversation_id, user_id, runner, dead,
                                         self.lease)
@@ -1005,7 +1010,8 @@ class PostgresStore:
                     if row["holder_user"] != user_id:  # another user's, in the making
                         raise NotFoundError(no_conversation(conversation_id, user_id))
                     raise ConversationBusyError(busy_conversation(conversation_id))
-                dead = row["holder"]
+                dead = row["holder"]  # a holder of this host whose process is gone
+            raise ConversationBusyError(busy_conversation(conversation_id))
 
         epoch = await self._use("holding a conversation", work, user=user_id, scope="holds",
                                 transaction=False)
@@ -1013,15 +1019,7 @@ class PostgresStore:
 
     async def release_conversation(self, conversation_id: str, runner: str) -> None:
         self._leases.drop_conversation(conversation_id, runner)
-        try:
-            await self._use(
-                "releasing a conversation",
-                lambda db: db.fetch(_RELEASE_HOLD, conversation_id, runner),
-                scope="leases", write=False, transaction=False,
-            )
-        except BaseException:
-            abandon_runner(runner)  # its row is stale from now on, whatever the database says
-            raise
+        await self._let_go("releasing a conversation", _RELEASE_HOLD, conversation_id, runner)
 
     # -- API keys (found before their user is known: scope "api_keys") --------------------
 

@@ -777,25 +777,21 @@ class SQLiteStore:
         return (_time.now() + timedelta(seconds=self.lease)).isoformat()
 
     async def _renew(self, tasks: Held, holds: Held) -> tuple[set[str], set[str]]:
+        def lost(db: sqlite3.Connection, table: str, key: str, held: Held, until: str
+                 ) -> set[str]:
+            return {
+                name for name, (runner, epoch) in held.items()
+                if db.execute(
+                    f"UPDATE {table} SET lease_until = ? WHERE {key} = ? AND runner = ? "
+                    "AND epoch = ?",
+                    (until, name, runner, epoch),
+                ).rowcount == 0
+            }
+
         def work(db: sqlite3.Connection) -> tuple[set[str], set[str]]:
             until = self._lease_end()
-            lost_tasks = {
-                task for task, (runner, epoch) in tasks.items()
-                if db.execute(
-                    "UPDATE task_workspaces SET lease_until = ? WHERE task_id = ? "
-                    "AND runner = ? AND epoch = ?",
-                    (until, task, runner, epoch),
-                ).rowcount == 0
-            }
-            lost_holds = {
-                conversation for conversation, (runner, epoch) in holds.items()
-                if db.execute(
-                    "UPDATE conversation_runs SET lease_until = ? WHERE conversation_id = ? "
-                    "AND runner = ? AND epoch = ?",
-                    (until, conversation, runner, epoch),
-                ).rowcount == 0
-            }
-            return lost_tasks, lost_holds
+            return (lost(db, "task_workspaces", "task_id", tasks, until),
+                    lost(db, "conversation_runs", "conversation_id", holds, until))
 
         return await self._run(self._write(work, wait=False))
 
