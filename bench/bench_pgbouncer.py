@@ -1,12 +1,14 @@
 """PostgreSQL behind PgBouncer (transaction mode): what the pooler costs a turn, and how many
 server connections many processes need through it.
 
-1. Per-turn time through PgBouncer against directly, in this process, on one database: turns
-   of two conversations (a one-step task answered by an instant model, durable commits),
-   alternated turn by turn between a store connected directly and one through PgBouncer, so
-   a slow minute of the machine slows both alike. Reported: each run's median turn on both,
-   and the median over runs of the ratio pooled/direct; round trips of one turn on both.
-   Behind the pooler the store's statements are unnamed (parsed and planned with every
+1. Per-turn time through PgBouncer against directly, and with row-level security against
+   without, in this process, on one database: turns of three conversations (a one-step task
+   answered by an instant model, durable commits), alternated turn by turn between a store
+   connected directly as the superuser (whom row-level security does not restrict), one
+   connected directly as an ordinary role that owns the tables (restricted), and one of that
+   role through PgBouncer, so a slow minute of the machine slows all alike. Reported: each
+   run's median turn of each, and the medians over runs of the ratios; round trips of one
+   turn. Behind the pooler the store's statements are unnamed (parsed and planned with every
    execution, in the same round trip), directly they are prepared once per connection.
 2. Throughput of worker processes through a PgBouncer pool of 10 server connections: 1 and
    20 workers (each running 4 tasks at a time, a tool call and an answer from a ScriptedLLM
@@ -32,6 +34,9 @@ import statistics
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+
 from bench.bench_postgres import ADMIN_DSN, fresh_database, round_trips, run_workers
 from bench.pooler import Pooler
 from cogency import Agent
@@ -40,6 +45,37 @@ from cogency.testing import ScriptedLLM
 
 POOL = 10
 """Server connections PgBouncer may open per database and user in part 2."""
+ROLE = "cogency_bench"
+"""An ordinary role (row-level security holds it), made once per server."""
+
+
+@asynccontextmanager
+async def owned_database() -> AsyncIterator[str]:
+    """A fresh database owned by :data:`ROLE`; yields the superuser's URL to it."""
+    import asyncpg
+
+    admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
+    try:
+        if not await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", ROLE):
+            await admin.execute(f"CREATE ROLE {ROLE} LOGIN")
+    finally:
+        await admin.close()
+    async with fresh_database() as dsn:
+        admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
+        try:
+            await admin.execute(f'ALTER DATABASE "{urlsplit(dsn).path[1:]}" OWNER TO {ROLE}')
+        finally:
+            await admin.close()
+        yield dsn
+
+
+def as_role(dsn: str, port: int | None = None) -> str:
+    """``dsn`` as :data:`ROLE` (through PgBouncer's ``port`` when given)."""
+    parts = urlsplit(dsn)
+    netloc = f"{ROLE}@{parts.hostname or '127.0.0.1'}:{port or parts.port or 5432}"
+    if port:
+        netloc = f"{ROLE}@127.0.0.1:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def through(dsn: str, port: int) -> str:
@@ -52,7 +88,7 @@ def through(dsn: str, port: int) -> str:
 def pooler(pool_size: int) -> Pooler:
     server = urlsplit(ADMIN_DSN)
     return Pooler("transaction", host=server.hostname or "127.0.0.1",
-                  port=server.port or 5432, users=(server.username or "postgres",),
+                  port=server.port or 5432, users=(server.username or "postgres", ROLE),
                   pool_size=pool_size)
 
 
@@ -64,26 +100,31 @@ async def _turn(store: PostgresStore, conversation: str | None, turn: int) -> tu
     return result.conversation_id, (time.perf_counter() - began) * 1000
 
 
-async def per_turn(turns: int, runs: int, bouncer: Pooler) -> list[tuple[float, float]]:
-    """Per run: the median turn directly and through PgBouncer (milliseconds)."""
+ROUTES = ("superuser", "ordinary role", "ordinary role via PgBouncer")
+
+
+async def per_turn(turns: int, runs: int, bouncer: Pooler) -> list[dict[str, float]]:
+    """Per run: the median turn of each route (milliseconds)."""
     figures = []
     for _ in range(runs):
-        async with fresh_database() as dsn:
-            direct, pooled = PostgresStore(dsn), PostgresStore(through(dsn, bouncer.port))
-            times: dict[str, list[float]] = {"direct": [], "pooled": []}
-            conversations: dict[str, str | None] = {"direct": None, "pooled": None}
+        async with owned_database() as dsn:
+            stores = dict(zip(ROUTES, (PostgresStore(dsn), PostgresStore(as_role(dsn)),
+                                       PostgresStore(as_role(dsn, bouncer.port)))))
+            times: dict[str, list[float]] = {route: [] for route in ROUTES}
+            conversations: dict[str, str | None] = {route: None for route in ROUTES}
+            await stores[ROUTES[1]].list_tasks()  # the role makes (and so owns) the tables
             try:
                 for turn in range(turns + 1):
-                    for name, store in (("direct", direct), ("pooled", pooled)):
-                        conversations[name], elapsed = await _turn(
-                            store, conversations[name], turn)
+                    for route, store in stores.items():
+                        conversations[route], elapsed = await _turn(
+                            store, conversations[route], turn)
                         if turn:  # turn 0 opens the store
-                            times[name].append(elapsed)
-                assert direct.pooled is False and pooled.pooled is True
+                            times[route].append(elapsed)
+                assert [store.pooled for store in stores.values()] == [False, False, True]
             finally:
-                await direct.close()
-                await pooled.close()
-        figures.append((statistics.median(times["direct"]), statistics.median(times["pooled"])))
+                for store in stores.values():
+                    await store.close()
+        figures.append({route: statistics.median(values) for route, values in times.items()})
     return figures
 
 
@@ -132,10 +173,12 @@ async def main(quick: bool, workers: int) -> None:
         figures = await per_turn(turns, turn_runs, bouncer)
         print(f"\n1. per-turn time, {turns} turns alternated, median of each of {turn_runs} "
               "run(s):")
-        for direct, pooled in figures:
-            print(f"   direct {direct:6.2f} ms   through PgBouncer {pooled:6.2f} ms   "
-                  f"x{pooled / direct:.2f}")
-        ratio = statistics.median(pooled / direct for direct, pooled in figures)
+        for run in figures:
+            print("   " + "   ".join(f"{route} {ms:6.2f} ms" for route, ms in run.items()))
+        superuser, role, pooled = ROUTES
+        rls = statistics.median(run[role] / run[superuser] for run in figures)
+        ratio = statistics.median(run[pooled] / run[role] for run in figures)
+        print(f"   row-level security on / off (ordinary role / superuser): x{rls:.2f}")
         print(f"   through PgBouncer / direct: x{ratio:.2f} (median over runs)")
         async with fresh_database() as dsn:
             direct_trips = await round_trips(dsn)

@@ -64,7 +64,7 @@ class Leases:
     tasks: Held = field(default_factory=dict)
     holds: Held = field(default_factory=dict)
     fences: dict[str, tuple[str, int]] = field(default_factory=dict)
-    _beat: asyncio.Task[None] | None = None
+    _beat: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def hold_task(self, task_id: str, runner: str, epoch: int, conversation_id: str) -> None:
         self.tasks[task_id] = (runner, epoch)

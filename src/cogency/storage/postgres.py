@@ -1390,7 +1390,8 @@ class _Windows(Windows):
     ) -> History | None:
         """The window after ``begin_task`` stored ``added``, from the cached one and the newer
         ``rows``; ``None`` when it cannot be told from them (read it afresh)."""
-        newer = [_message(tuple(row)[1:8]) for row in rows if row["kind"] == 1]  # newest first
+        newer = sorted((_message(tuple(row)[1:8]) for row in rows if row["kind"] == 1),
+                       key=lambda message: -message["seq"])  # newest first
         stamp = next((row["created_at"] for row in rows if row["kind"] == 2), None)
         fresh = [*reversed(newer), *({**m, "tokens": m.get("tokens", 0)} for m in added)]
         seqs = [m["seq"] for m in fresh]
@@ -1725,7 +1726,6 @@ _BEGIN = _Sql(
     "tokens, created_at, message_id) SELECT $4, conv.base + m.ord, m.role, m.content, "
     "m.task_id, m.tokens, m.created_at, m.message_id FROM conv, m "
     "WHERE EXISTS (SELECT 1 FROM task))",
-    order="kind, seq DESC",
 )
 
 
