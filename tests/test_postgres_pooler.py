@@ -114,3 +114,20 @@ async def test_the_readmes_pgbouncer_settings_work():
             assert store.pooled is True
     finally:
         bouncer.stop()
+
+
+async def test_a_pooler_out_of_client_slots_says_which_setting_to_raise():
+    bouncer = pgutil.PgBouncer("transaction", max_clients=1)
+    try:
+        async with pgutil.fresh_database(as_app=True, port=bouncer.port) as dsn:
+            first = PostgresStore(dsn, min_size=1, max_size=1)
+            second = PostgresStore(dsn, min_size=1, max_size=1)
+            try:
+                await first.list_tasks()  # takes PgBouncer's only client slot
+                with pytest.raises(ConfigurationError, match="max_client_conn"):
+                    await second.list_tasks()
+            finally:
+                await first.close()
+                await second.close()
+    finally:
+        bouncer.stop()
