@@ -234,14 +234,17 @@ def check_database(db: str, log: Path) -> tuple[int, list[str]]:
             failures.append(f"integrity_check: {integrity[:3]}")
         if _rows(db, "PRAGMA foreign_key_check"):
             failures.append("foreign_key_check found orphans")
-    counts = dict(_rows(db, "SELECT conversation_id, message_count FROM conversations"))
+    counts: dict[str, int] = {}
     seqs: dict[str, list[int]] = {}
     stored: dict[tuple[str, int], str] = {}
-    for conversation_id, seq, content in _rows(
-        db, "SELECT conversation_id, seq, content FROM conversation_messages ORDER BY 1, 2"
+    for conversation_id, count, seq, content in _rows(  # one statement: one snapshot
+        db, "SELECT c.conversation_id, c.message_count, m.seq, m.content FROM conversations c "
+        "LEFT JOIN conversation_messages m USING (conversation_id) ORDER BY 1, 3"
     ):
-        seqs.setdefault(conversation_id, []).append(seq)
-        stored[(conversation_id, seq)] = _sha(content)
+        counts[conversation_id] = count
+        if seq is not None:
+            seqs.setdefault(conversation_id, []).append(seq)
+            stored[(conversation_id, seq)] = _sha(content)
     for conversation_id, count in counts.items():
         if seqs.get(conversation_id, []) != list(range(1, count + 1)):
             failures.append(f"conversation {conversation_id}: seqs are not 1..{count}")
@@ -368,8 +371,22 @@ async def run_rounds(
     return figures
 
 
+def _quiesce(db: str) -> None:
+    """Wait until no statement of the killed worker still runs on PostgreSQL: a statement it
+    sent whole before dying runs on (and may commit) after the kill."""
+    if not _postgres(db):
+        return
+    deadline = time.monotonic() + 30
+    while _rows(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state <> 'idle' AND pid <> pg_backend_pid()")[0][0]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the killed worker's statements did not end within 30 s")
+        time.sleep(0.01)
+
+
 async def _after_kill(number: int, db: str, side: Path, log: Path, figures: Figures) -> None:
     figures.kills += 1
+    _quiesce(db)
     checked, failures = check_database(db, log)
     figures.committed_checked = checked  # every logged commit, checked again each round
     figures.failures += [f"round {number}: {f}" for f in failures]
