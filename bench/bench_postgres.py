@@ -182,25 +182,26 @@ async def round_trip(store: PostgresStore, count: int = 200) -> float:
 
 
 async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
-    """Statements sent to the server during one one-step turn, by the store call that sent
-    them (after ``turns`` warm-up turns in the same conversation) on database ``dsn``."""
-    import asyncpg
+    """Round trips to the server during one one-step turn, by the store call that made them
+    (after ``turns`` warm-up turns in the same conversation) on database ``dsn``: counted at
+    the store's sockets, as the writes that follow an answer (what is written before the
+    server answers travels together: one round trip)."""
+    from asyncio import selector_events
 
     sent = [0]
-    connection = asyncpg.connection.Connection
-    originals = {name: getattr(connection, name) for name in ("execute", "_execute", "executemany")}
+    answered: dict[int, bool] = {}
+    transport = selector_events._SelectorSocketTransport
+    original, original_read = transport.write, transport._read_ready__data_received
 
-    async def execute(self, query, *args, **options):  # BEGIN/COMMIT go through here
-        sent[0] += 0 if args else 1
-        return await originals["execute"](self, query, *args, **options)
+    def write(self, data):  # type: ignore[no-untyped-def]
+        if answered.get(id(self), True):
+            sent[0] += 1
+        answered[id(self)] = False
+        return original(self, data)
 
-    async def _execute(self, *args, **options):
-        sent[0] += 1
-        return await originals["_execute"](self, *args, **options)
-
-    async def executemany(self, *args, **options):
-        sent[0] += 1
-        return await originals["executemany"](self, *args, **options)
+    def read(self):  # type: ignore[no-untyped-def]
+        answered[id(self)] = True
+        return original_read(self)
 
     phases: dict[str, int] = {}
     store = PostgresStore(dsn)
@@ -215,8 +216,7 @@ async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
                 phases[_name] = phases.get(_name, 0) + sent[0] - before
 
         setattr(store, name, counted)
-    connection.execute, connection._execute = execute, _execute
-    connection.executemany = executemany
+    transport.write, transport._read_ready__data_received = write, read
     try:
         conversation = None
         for turn in range(turns + 1):
@@ -228,8 +228,7 @@ async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
             conversation = result.conversation_id
             phases["total"] = sent[0] - before
     finally:
-        for name, original in originals.items():
-            setattr(connection, name, original)
+        transport.write, transport._read_ready__data_received = original, original_read
         await store.close()
     return phases
 

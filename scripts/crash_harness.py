@@ -1,10 +1,12 @@
 """Crash harness: agent tasks killed with SIGKILL at random moments, then checked and resumed.
 
 Each round starts a worker process that runs agent tasks (a ScriptedLLM, a tool that appends
-a line to a side-effect file) on one SQLite file, and kills it with SIGKILL after a random
+a line to a side-effect file) on one database (a SQLite file, or PostgreSQL with ``--db
+postgresql://…``, directly or through a pooler), and kills it with SIGKILL after a random
 delay. Then, in this process:
 
-1. the database passes ``PRAGMA integrity_check`` and ``foreign_key_check``;
+1. a SQLite database passes ``PRAGMA integrity_check`` and ``foreign_key_check`` (PostgreSQL
+   enforces its keys itself);
 2. every conversation's messages have seqs 1..message_count, no gap, no duplicate;
 3. every message whose commit the worker logged (after ``save`` returned) is there, once;
 4. every unfinished task is resumed to ``completed`` with ``Agent.resume``, and no tool call
@@ -12,7 +14,11 @@ delay. Then, in this process:
 5. every job then holds each of its tool results exactly once and its answer once.
 
     python scripts/crash_harness.py --kills 500          # the full run (figures for docs)
+    python scripts/crash_harness.py --kills 100 --db postgresql://user@host/empty_db
     python scripts/crash_harness.py zygote   # (started by the rounds: forks the workers)
+
+On PostgreSQL the database must be empty at the start; the checks read it with the same URL,
+so give a role that sees every user's rows (row-level security: a superuser or BYPASSRLS).
 """
 
 from __future__ import annotations
@@ -88,10 +94,10 @@ def append_tool(side: Path):
 # -- the worker (killed at a random moment) ------------------------------------------------
 
 
-def logging_store(path: Path, log: Path):
-    from cogency.storage import SQLiteStore
+def logging_store(target: str, log: Path):
+    from cogency.storage import open_store
 
-    class LoggingStore(SQLiteStore):
+    class LoggingStore(type(open_store(target))):  # type: ignore[misc]
         """Logs each saved message after its transaction committed: the worker's promise."""
 
         async def save(self, batch):  # type: ignore[no-untyped-def]
@@ -109,7 +115,7 @@ def logging_store(path: Path, log: Path):
                     os.close(fd)
             return version
 
-    return LoggingStore(path)
+    return LoggingStore(target)
 
 
 def zygote() -> None:
@@ -131,7 +137,7 @@ def zygote() -> None:
             pid = os.fork()
             if pid == 0:
                 try:
-                    asyncio.run(worker(Path(args[0]), Path(args[1]), Path(args[2]), int(args[3])))
+                    asyncio.run(worker(args[0], Path(args[1]), Path(args[2]), int(args[3])))
                 finally:
                     os._exit(0)
         elif command == "reap":
@@ -139,7 +145,7 @@ def zygote() -> None:
             os.write(1, f"reaped {args[0]} {status}\n".encode())
 
 
-async def worker(db: Path, side: Path, log: Path, seed: int) -> None:
+async def worker(db: str, side: Path, log: Path, seed: int) -> None:
     from cogency import Agent
     from cogency.testing import ScriptedLLM
 
@@ -193,30 +199,52 @@ class Figures:
         )
 
 
-def _rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+def _postgres(db: str) -> bool:
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def _rows(db: str, sql: str) -> list[tuple[Any, ...]]:
+    if _postgres(db):
+        from concurrent.futures import ThreadPoolExecutor
+
+        async def fetch() -> list[tuple[Any, ...]]:
+            import asyncpg
+
+            connection = await asyncpg.connect(db, timeout=10)
+            try:
+                return [tuple(row) for row in await connection.fetch(sql)]
+            finally:
+                await connection.close()
+
+        with ThreadPoolExecutor(1) as thread:  # its own event loop, whoever calls
+            return thread.submit(asyncio.run, fetch()).result()
     connection = sqlite3.connect(db)
     try:
-        return connection.execute(sql, params).fetchall()
+        return connection.execute(sql).fetchall()
     finally:
         connection.close()
 
 
-def check_database(db: Path, log: Path) -> tuple[int, list[str]]:
+def check_database(db: str, log: Path) -> tuple[int, list[str]]:
     """Integrity, contiguous seqs, and every logged commit present exactly once."""
     failures = []
-    integrity = _rows(db, "PRAGMA integrity_check")
-    if integrity != [("ok",)]:
-        failures.append(f"integrity_check: {integrity[:3]}")
-    if _rows(db, "PRAGMA foreign_key_check"):
-        failures.append("foreign_key_check found orphans")
-    counts = dict(_rows(db, "SELECT conversation_id, message_count FROM conversations"))
+    if not _postgres(db):
+        integrity = _rows(db, "PRAGMA integrity_check")
+        if integrity != [("ok",)]:
+            failures.append(f"integrity_check: {integrity[:3]}")
+        if _rows(db, "PRAGMA foreign_key_check"):
+            failures.append("foreign_key_check found orphans")
+    counts: dict[str, int] = {}
     seqs: dict[str, list[int]] = {}
     stored: dict[tuple[str, int], str] = {}
-    for conversation_id, seq, content in _rows(
-        db, "SELECT conversation_id, seq, content FROM conversation_messages ORDER BY 1, 2"
+    for conversation_id, count, seq, content in _rows(  # one statement: one snapshot
+        db, "SELECT c.conversation_id, c.message_count, m.seq, m.content FROM conversations c "
+        "LEFT JOIN conversation_messages m USING (conversation_id) ORDER BY 1, 3"
     ):
-        seqs.setdefault(conversation_id, []).append(seq)
-        stored[(conversation_id, seq)] = _sha(content)
+        counts[conversation_id] = count
+        if seq is not None:
+            seqs.setdefault(conversation_id, []).append(seq)
+            stored[(conversation_id, seq)] = _sha(content)
     for conversation_id, count in counts.items():
         if seqs.get(conversation_id, []) != list(range(1, count + 1)):
             failures.append(f"conversation {conversation_id}: seqs are not 1..{count}")
@@ -233,7 +261,7 @@ def check_database(db: Path, log: Path) -> tuple[int, list[str]]:
     return checked, failures
 
 
-def _tool_results(db: Path) -> Counter[str]:
+def _tool_results(db: str) -> Counter[str]:
     keys: Counter[str] = Counter()
     for (content,) in _rows(db, "SELECT content FROM conversation_messages WHERE role = 'tool'"):
         result = json.loads(content)
@@ -245,13 +273,13 @@ def _side(side: Path) -> Counter[str]:
     return Counter(side.read_text().split()) if side.exists() else Counter()
 
 
-async def resume_all(db: Path, side: Path, figures: Figures) -> None:
+async def resume_all(db: str, side: Path, figures: Figures) -> None:
     """Resume every unfinished task (in this process) with its full script."""
     from cogency import Agent
-    from cogency.storage import SQLiteStore
+    from cogency.storage import open_store
     from cogency.testing import ScriptedLLM
 
-    store = SQLiteStore(db)
+    store = open_store(db)
     append = append_tool(side)
     try:
         for task in await store.list_tasks():
@@ -266,7 +294,7 @@ async def resume_all(db: Path, side: Path, figures: Figures) -> None:
         await store.close()
 
 
-def check_jobs(db: Path, side: Path, figures: Figures) -> None:
+def check_jobs(db: str, side: Path, figures: Figures) -> None:
     """Every job finished, holding each tool result once, its answer once, its query once."""
     results = _tool_results(db)
     lines = _side(side)
@@ -296,13 +324,17 @@ def check_jobs(db: Path, side: Path, figures: Figures) -> None:
 
 async def run_rounds(
     workdir: Path, kills: int, seed: int = 0, max_delay: float = 0.3,
-    on_round: Any = None,
+    on_round: Any = None, db: str | None = None,
 ) -> Figures:
-    """Kill ``kills`` workers; check and resume after each. Returns the figures."""
+    """Kill ``kills`` workers; check and resume after each. Returns the figures. ``db``: a
+    PostgreSQL URL (an empty database), else a SQLite file in ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    db, side, log = workdir / "crash.db", workdir / "side.txt", workdir / "committed.log"
-    for stale in (db, side, log, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+    file = workdir / "crash.db"
+    side, log = workdir / "side.txt", workdir / "committed.log"
+    for stale in (file, side, log, file.with_name(file.name + "-wal"),
+                  file.with_name(file.name + "-shm")):
         stale.unlink(missing_ok=True)  # the checks compare against this run's own records
+    db = db or str(file)
     rng = random.Random(seed)
     figures = Figures()
     started = time.monotonic()
@@ -339,8 +371,22 @@ async def run_rounds(
     return figures
 
 
-async def _after_kill(number: int, db: Path, side: Path, log: Path, figures: Figures) -> None:
+def _quiesce(db: str) -> None:
+    """Wait until no statement of the killed worker still runs on PostgreSQL: a statement it
+    sent whole before dying runs on (and may commit) after the kill."""
+    if not _postgres(db):
+        return
+    deadline = time.monotonic() + 30
+    while _rows(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state <> 'idle' AND pid <> pg_backend_pid()")[0][0]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the killed worker's statements did not end within 30 s")
+        time.sleep(0.01)
+
+
+async def _after_kill(number: int, db: str, side: Path, log: Path, figures: Figures) -> None:
     figures.kills += 1
+    _quiesce(db)
     checked, failures = check_database(db, log)
     figures.committed_checked = checked  # every logged commit, checked again each round
     figures.failures += [f"round {number}: {f}" for f in failures]
@@ -377,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-delay", type=float, default=0.3)
     parser.add_argument("--dir", type=Path, default=Path("crash-run"))
+    parser.add_argument("--db", help="an empty PostgreSQL database's URL (default: SQLite)")
     options = parser.parse_args(args)
 
     def progress(number: int, figures: Figures) -> None:
@@ -384,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"… {number + 1} kills, {len(figures.failures)} failures", flush=True)
 
     figures = asyncio.run(run_rounds(options.dir, options.kills, options.seed,
-                                     options.max_delay, progress))
+                                     options.max_delay, progress, options.db))
     print(figures.summary())
     for failure in figures.failures[:20]:
         print("FAIL", failure)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -70,22 +71,28 @@ def tokenizer_unloaded(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], int]:
 BACKENDS = ["sqlite", "postgres"]
 
 
-@pytest.fixture(params=BACKENDS)
-async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[object]:
-    """A fresh, empty store of each backend (PostgreSQL: a uniquely named database, dropped after)."""
-    if request.param == "sqlite":
+@asynccontextmanager
+async def open_backend(kind: str, tmp_path: Path) -> AsyncIterator[object]:
+    """A fresh, empty store: ``sqlite``; ``postgres`` (a uniquely named database, dropped
+    after, used by an ordinary role, so row-level security holds); ``pgbouncer`` (the same,
+    through this session's PgBouncer in transaction mode)."""
+    if kind == "sqlite":
         sqlite_store = SQLiteStore(tmp_path / "contract.db")
         yield sqlite_store
         await sqlite_store.close()
         return
-    try:
-        import pgutil  # tests/pgutil.py: creates and drops a database per test
-    except ImportError:
-        if IN_CI:
-            raise
-        pytest.skip("tests/pgutil.py (PostgreSQL test support) is not present yet")
-    async with pgutil.fresh_store() as pg_store:
+    import pgutil  # tests/pgutil.py: creates and drops a database per test
+
+    port = pgutil.pgbouncer("transaction").port if kind == "pgbouncer" else None
+    async with pgutil.fresh_store(as_app=True, port=port) as pg_store:
         yield pg_store
+
+
+@pytest.fixture(params=BACKENDS)
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[object]:
+    """A fresh, empty store of each backend."""
+    async with open_backend(request.param, tmp_path) as store:
+        yield store
 
 
 @pytest.fixture
@@ -172,6 +179,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
     if "realservers" in sys.modules:
         sys.modules["realservers"].SERVERS.stop()
+    if "pgutil" in sys.modules:
+        sys.modules["pgutil"].stop_pgbouncers()
 
 
 def _need(what: str, error: Exception) -> None:

@@ -1,33 +1,53 @@
-"""PostgreSQL test support: a uniquely named database per test, dropped afterwards.
+"""PostgreSQL test support: a uniquely named database per test, dropped afterwards, and
+PgBouncer in front of the server.
 
 The server is the local one on 127.0.0.1:5432 (trust auth), which ``.ci/run`` starts when it is
 down; ``COGENCY_TEST_PG`` overrides the admin URL. Outside CI an unreachable server skips the test
 (saying why); under ``CI=true`` it fails it.
+
+Stores of the shared suites connect as :data:`APP_ROLE`, an ordinary role that owns its test
+database (and so its tables), as a deployment would: row-level security holds it to each
+user's rows. The admin role (a superuser, which row-level security does not restrict) reads
+the rows behind the store's back.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ (its PgBouncer)
+
 import pytest
 
+from bench.pooler import Pooler
 from cogency import _time
 from cogency.storage.postgres import PostgresStore
 
 ADMIN_DSN = os.environ.get("COGENCY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+APP_ROLE = "cogency_app"
+"""An ordinary role (no superuser, no BYPASSRLS), made once per server."""
 
 
-def dsn_for(database: str) -> str:
-    """The admin URL pointed at ``database``."""
+def dsn_for(database: str, *, user: str | None = None, port: int | None = None) -> str:
+    """The admin URL pointed at ``database`` (as ``user``, on ``port``, when given)."""
     parts = urlsplit(ADMIN_DSN)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{user or parts.username or 'postgres'}@{host}:{port or parts.port or 5432}"
+    return urlunsplit((parts.scheme, netloc, "/" + database, parts.query, parts.fragment))
+
+
+def admin_dsn(dsn: str) -> str:
+    """The admin's direct URL to the database of ``dsn`` (which may go through PgBouncer)."""
+    return dsn_for(urlsplit(dsn).path.lstrip("/"))
 
 
 async def admin_connect() -> Any:
@@ -50,17 +70,36 @@ async def admin_connect() -> Any:
         )
 
 
+async def ensure_app_role(admin: Any) -> None:
+    import asyncpg
+
+    if not await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", APP_ROLE):
+        try:
+            await admin.execute(f"CREATE ROLE {APP_ROLE} LOGIN")
+        except (asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
+            pass  # another test process made it meanwhile
+
+
 @asynccontextmanager
-async def fresh_database() -> AsyncIterator[str]:
-    """Create a uniquely named database; yield its URL; drop it (and its sessions) after."""
+async def fresh_database(*, as_app: bool = False, port: int | None = None
+                         ) -> AsyncIterator[str]:
+    """Create a uniquely named database; yield its URL; drop it (and its sessions) after.
+
+    ``as_app``: the database belongs to :data:`APP_ROLE` and the URL connects as it;
+    ``port``: the URL goes there (a PgBouncer in front of the server).
+    """
     name = f"cogency_test_{uuid.uuid4().hex[:16]}"
     admin = await admin_connect()
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        if as_app:
+            await ensure_app_role(admin)
+            await admin.execute(f'CREATE DATABASE "{name}" OWNER {APP_ROLE}')
+        else:
+            await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
     try:
-        yield dsn_for(name)
+        yield dsn_for(name, user=APP_ROLE if as_app else None, port=port)
     finally:
         admin = await admin_connect()
         try:
@@ -70,9 +109,10 @@ async def fresh_database() -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def fresh_store(**options: Any) -> AsyncIterator[PostgresStore]:
+async def fresh_store(*, as_app: bool = False, port: int | None = None, **options: Any
+                      ) -> AsyncIterator[PostgresStore]:
     """A :class:`PostgresStore` on a fresh database, closed and dropped afterwards."""
-    async with fresh_database() as dsn:
+    async with fresh_database(as_app=as_app, port=port) as dsn:
         store = PostgresStore(dsn, **options)
         try:
             yield store
@@ -105,12 +145,13 @@ def _as_type(value: Any, kind: str) -> Any:
 
 
 def raw_rows(store: PostgresStore) -> Callable[..., Awaitable[list[tuple]]]:
-    """``await rows(sql, *params)``: rows straight from the store's database, as tuples."""
+    """``await rows(sql, *params)``: rows straight from the store's database, as tuples (read
+    by the admin, directly: every user's rows)."""
 
     async def rows(sql: str, *params: Any) -> list[tuple]:
         import asyncpg
 
-        connection = await asyncpg.connect(store.dsn, timeout=5)
+        connection = await asyncpg.connect(admin_dsn(store.dsn), timeout=5)
         try:
             statement = await connection.prepare(to_dollar(sql))
             wanted = [parameter.name for parameter in statement.get_parameters()]
@@ -153,10 +194,32 @@ async def wait_for_blocked_backend(
     raise AssertionError(f"no store session blocked on a lock within {timeout}s")
 
 
-async def advisory_locks(observer: Any) -> int:
-    """How many advisory locks are held in ``observer``'s database (one per store that holds
-    or claimed tasks: its lease key)."""
-    return await observer.fetchval(
-        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-        "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()"
-    )
+class PgBouncer(Pooler):
+    """:class:`bench.pooler.Pooler` in front of the test server, for its admin and
+    :data:`APP_ROLE`."""
+
+    def __init__(self, mode: str, **options: Any) -> None:
+        server = urlsplit(ADMIN_DSN)
+        super().__init__(mode, host=server.hostname or "127.0.0.1", port=server.port or 5432,
+                         users=(server.username or "postgres", APP_ROLE), **options)
+
+
+def pgbouncer(mode: str) -> PgBouncer:
+    """This test session's PgBouncer in ``mode``, started on first use (stopped at exit)."""
+    if mode not in _BOUNCERS:
+        try:
+            _BOUNCERS[mode] = PgBouncer(mode)
+        except RuntimeError as exc:
+            if IN_CI:
+                raise
+            pytest.skip(f"{exc}; under CI=true this is a failure")
+    return _BOUNCERS[mode]
+
+
+_BOUNCERS: dict[str, PgBouncer] = {}
+
+
+def stop_pgbouncers() -> None:
+    for bouncer in _BOUNCERS.values():
+        bouncer.stop()
+    _BOUNCERS.clear()

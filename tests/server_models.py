@@ -22,6 +22,8 @@ An endless script whose reply depends on the query, so many users can talk to on
 - anything else is answered ``echo: QUERY``.
 
 ``$COGENCY_TEST_DELAY`` seconds are spent on every call (the benchmark's model latency).
+``$COGENCY_TEST_HOSTNAME`` renames the host the server's runs say they run on (a container
+that will restart under another name).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ import os
 from pathlib import Path
 
 from cogency.testing import ScriptedLLM
+
+if os.environ.get("COGENCY_TEST_HOSTNAME"):
+    import socket
+
+    socket.gethostname = lambda: os.environ["COGENCY_TEST_HOSTNAME"]
 
 
 LEARNED = {

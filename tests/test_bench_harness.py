@@ -151,3 +151,21 @@ async def test_quick_postgres_benchmark_runs_both_stores_and_counts_two_round_tr
         assert f"   {store}" in out
     assert "late/early on postgres: x" in out and "postgres/sqlite: x" in out
     assert "2 in all; by store call: begin_task 1, save 1" in out
+
+
+async def test_quick_pgbouncer_benchmark_compares_routes_and_counts_server_connections():
+    import pgutil
+
+    await (await pgutil.admin_connect()).close()  # PostgreSQL is up (or a skip outside CI)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_pgbouncer", "--quick", "--workers", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "through PgBouncer / direct: x" in out
+    assert "round trips of a one-step turn: 2 direct, 2 through PgBouncer" in out
+    for workers in (1, 4):
+        line = next(x for x in out.splitlines() if f" {workers} worker(s):" in x)
+        seen = int(line.split("at most ")[1].split()[0])
+        assert 1 <= seen <= 10, line  # never more server connections than PgBouncer's pool

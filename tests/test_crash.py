@@ -1,6 +1,8 @@
 """Crashes: workers killed with SIGKILL mid-task lose nothing committed and resume to completion
 without repeating a tool call whose result was stored. The full run is
-``python scripts/crash_harness.py --kills 500``; CI runs ``COGENCY_CRASH_KILLS`` (default 50)."""
+``python scripts/crash_harness.py --kills 500``; CI runs ``COGENCY_CRASH_KILLS`` (default 50) on
+SQLite, and ``COGENCY_CRASH_PG_KILLS`` (default 12) on PostgreSQL, directly and through PgBouncer
+in transaction mode."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
+
+import pytest
 
 from cogency import Agent, tool
 from cogency.errors import LLMError
@@ -23,6 +27,7 @@ sys.modules["crash_harness"] = harness
 _spec.loader.exec_module(harness)
 
 KILLS = int(os.environ.get("COGENCY_CRASH_KILLS", "50"))
+PG_KILLS = int(os.environ.get("COGENCY_CRASH_PG_KILLS", "12"))
 
 
 async def test_sigkilled_workers_lose_nothing_and_resume_without_repeating_calls(tmp_path) -> None:
@@ -34,6 +39,20 @@ async def test_sigkilled_workers_lose_nothing_and_resume_without_repeating_calls
     assert figures.tasks_resumed == figures.kills_mid_task
     assert figures.recorded_not_rerun > 0, figures.summary()
     assert figures.committed_checked > KILLS, figures.summary()
+
+
+@pytest.mark.parametrize("route", ["direct", "pgbouncer"])
+async def test_sigkilled_workers_on_postgres_lose_nothing_and_resume(tmp_path, route) -> None:
+    import pgutil
+
+    port = pgutil.pgbouncer("transaction").port if route == "pgbouncer" else None
+    async with pgutil.fresh_database(port=port) as dsn:
+        figures = await harness.run_rounds(tmp_path, PG_KILLS, seed=11, db=dsn)
+    assert figures.failures == [], figures.failures[:10]
+    assert figures.kills == PG_KILLS
+    assert figures.kills_mid_task >= PG_KILLS // 3, figures.summary()
+    assert figures.tasks_resumed == figures.kills_mid_task
+    assert figures.committed_checked > PG_KILLS, figures.summary()
 
 
 async def test_resume_reuses_stored_results_instead_of_running_the_tool_again(

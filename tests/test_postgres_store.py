@@ -139,8 +139,8 @@ async def test_a_task_is_held_by_one_store_until_released_or_closed(pg, observer
     other = PostgresStore(pg.dsn)
     try:
         await pg.claim_task(state.task_id, "alice", first)
-        row = await observer.fetchrow("SELECT runner FROM task_workspaces")
-        assert row["runner"] == first  # visible to people; the advisory lock decides
+        row = await observer.fetchrow("SELECT runner, lease_until > now() FROM task_workspaces")
+        assert tuple(row) == (first, True)  # a lease as a row: no session holds it
         with pytest.raises(TaskRunningError, match="is running"):
             await other.claim_task(state.task_id, "alice", second)
         with pytest.raises(TaskRunningError, match="is running"):
@@ -152,30 +152,92 @@ async def test_a_task_is_held_by_one_store_until_released_or_closed(pg, observer
         await other.claim_task(state.task_id, "alice", second)
         with pytest.raises(TaskRunningError):
             await pg.claim_task(state.task_id, "alice", first)
-        await other.close()  # its session ends: the task is free at once
+        await other.close()  # a store that closes lets go of what it holds
         await pg.claim_task(state.task_id, "alice", first)
-        assert await pgutil.advisory_locks(observer) == 1
+        assert await observer.fetchval(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+        "WHERE l.locktype = 'advisory' AND d.datname = current_database()") == 0
     finally:
         await other.close()
 
 
-async def test_a_killed_lease_session_frees_its_tasks_at_once(pg, observer):
-    state = await State.start_task("q", "alice", store=pg)
-    await pg.claim_task(state.task_id, "alice", new_runner())
-    killed = await observer.fetchval(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND application_name = 'cogency-leases'"
-    )
-    assert killed
+async def test_no_session_holds_a_run_killing_every_connection_loses_nothing(pg, observer):
+    """Holds and leases are rows, renewed by statements: when every server connection of
+    the store is terminated (a failover, a pooler restart) the run goes on, its task and its
+    conversation stay held against every other runner, and its writes land."""
+    from cogency import Agent, tool
+    from cogency.errors import ConversationBusyError
+    from cogency.testing import ScriptedLLM
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Wait until released."""
+        entered.set()
+        await release.wait()
+        return "slow done"
+
+    await pg.hold_conversation("c", "alice", holder := new_runner())
+    agent = Agent(llm=ScriptedLLM([{"actions": [{"name": "slow", "args": {}}]},
+                                   {"response": "finished"}]), tools=[slow], store=pg)
+    running = asyncio.create_task(agent.run("q", "alice", "c"))
     other = PostgresStore(pg.dsn)
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while await pgutil.advisory_locks(observer) and loop.time() < deadline:
-            await asyncio.sleep(0.01)  # the server ends the killed session
-        await other.claim_task(state.task_id, "alice", new_runner())
+        await asyncio.wait_for(entered.wait(), 10)
+        killed = await observer.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        assert killed >= 1
+        [(task_id,)] = await observer.fetch("SELECT task_id FROM task_workspaces")
+        with pytest.raises(TaskRunningError):
+            await other.claim_task(task_id, "alice", new_runner())
+        with pytest.raises(ConversationBusyError):
+            await other.hold_conversation("c", "alice", new_runner())
+        release.set()
+        result = await running
     finally:
+        release.set()
         await other.close()
+    assert (result.stop_reason, result.response) == ("completed", "finished")
+    rows = await observer.fetch("SELECT role FROM conversation_messages ORDER BY seq")
+    assert [r[0] for r in rows] == ["user", "assistant", "tool", "assistant"]
+    await pg.release_conversation("c", holder)
+    assert await observer.fetchval("SELECT runner FROM conversation_runs") is None
+
+
+async def test_a_store_never_opens_more_than_its_pool(observer):
+    """Runs, their leases' renewals and conversation holds all share the store's pool: no
+    lease connection or other session besides it."""
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    async with pgutil.fresh_store(max_size=3, lease=0.3) as store:
+        seen: list[int] = []
+        done = asyncio.Event()
+
+        async def sample() -> None:
+            probe = await pgutil.connect(store.dsn)
+            try:
+                while not done.is_set():
+                    seen.append(await probe.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND pid <> pg_backend_pid()"))
+                    await asyncio.sleep(0.01)
+            finally:
+                await probe.close()
+
+        async def one(n: int) -> None:
+            await store.hold_conversation(f"c{n}", "alice", runner := new_runner())
+            llm = ScriptedLLM([{"response": f"a{n}"}], delay=0.2)  # past a renewal
+            await Agent(llm=llm, store=store).run(f"q{n}", "alice", f"c{n}")
+            await store.release_conversation(f"c{n}", runner)
+
+        sampler = asyncio.create_task(sample())
+        await asyncio.gather(*(one(n) for n in range(8)))
+        done.set()
+        await sampler
+    assert seen and max(seen) <= 3, max(seen)
 
 
 # -- failures that lose nothing ---------------------------------------------------------------

@@ -185,13 +185,14 @@ async def test_closing_the_agent_settles_a_run_in_flight(store, db):
     assert resumed.stop_reason == "completed"
 
 
-# -- 12: SQLite leases expire, and a dead runner's task can be released ---------------------
+# -- 12: leases expire, and a dead runner's task can be released ----------------------------
 
 _HANGING_RUNNER = """
 import asyncio, socket, sys
 socket.gethostname = lambda: "a-host-that-is-gone"   # a container that restarted renamed
 from cogency import Agent, tool
-from cogency.storage import SQLiteStore
+from cogency.storage import open_store
+from cogency.storage.base import new_runner
 from cogency.testing import ScriptedLLM
 
 @tool
@@ -202,25 +203,32 @@ async def wait_forever() -> str:
     return "never"
 
 async def main():
-    store = SQLiteStore(sys.argv[1], lease=float(sys.argv[2]))
+    store = open_store(sys.argv[1], lease=float(sys.argv[2]))
+    await store.hold_conversation("held", "u", new_runner())
     llm = ScriptedLLM([{"response": None, "actions": [{"name": "wait_forever", "args": {}}]}])
-    await Agent(llm=llm, tools=[wait_forever], store=store).run("hang", user_id="u")
+    await Agent(llm=llm, tools=[wait_forever], store=store).run("hang", "u", "held")
 
 asyncio.run(main())
 """
 
 
-def _start_hanging_runner(db_path: Path, lease: float) -> tuple[subprocess.Popen[bytes], str]:
-    marker = db_path.with_suffix(".started")
-    process = subprocess.Popen([sys.executable, "-c", _HANGING_RUNNER, str(db_path), str(lease),
-                                str(marker)])
+def _where(store: Any) -> str:
+    return store.path if isinstance(store, SQLiteStore) else store.dsn
+
+
+async def _start_hanging_runner(store: Any, raw: Any, tmp_path: Path, lease: float
+                                ) -> tuple[subprocess.Popen[bytes], str]:
+    """A runner on "another host" (as its host name says) that holds a task and the
+    conversation "held" of user "u", then hangs in a tool."""
+    marker = tmp_path / "runner.started"
+    process = subprocess.Popen([sys.executable, "-c", _HANGING_RUNNER, _where(store),
+                                str(lease), str(marker)])
     deadline = time.monotonic() + 30
     while not marker.exists():
         assert process.poll() is None, "the runner exited early"
         assert time.monotonic() < deadline, "the runner never reached its tool"
-        time.sleep(0.05)
-    with sqlite3.connect(db_path) as db:
-        [(task_id,)] = db.execute("SELECT task_id FROM task_workspaces").fetchall()
+        await asyncio.sleep(0.05)
+    [(task_id,)] = await raw("SELECT task_id FROM task_workspaces")
     return process, task_id
 
 
@@ -229,52 +237,62 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
-async def test_a_task_of_a_runner_on_another_host_is_free_once_its_lease_expires(db_path, db):
-    process, task_id = _start_hanging_runner(db_path, lease=1.0)
-    store = SQLiteStore(db_path)
+async def test_a_task_of_a_runner_on_another_host_is_free_once_its_lease_expires(
+        any_store, raw, tmp_path):
+    from cogency.errors import ConversationBusyError
+    from cogency.storage.base import new_runner
+
+    process, task_id = await _start_hanging_runner(any_store, raw, tmp_path, lease=1.0)
     try:
-        agent = Agent(llm=ScriptedLLM([reply("Recovered.")]), store=store)
-        time.sleep(0.8)  # past one renewal: the heartbeat keeps a live runner's lease
+        agent = Agent(llm=ScriptedLLM([reply("Recovered.")]), store=any_store)
+        await asyncio.sleep(0.8)  # past one renewal: the heartbeat keeps a live runner's lease
         with pytest.raises(TaskRunningError, match="lease expires"):
             await agent.resume(task_id, "u")
+        with pytest.raises(ConversationBusyError):
+            await any_store.hold_conversation("held", "u", new_runner())
         _kill(process)
-        [(until,)] = db.execute("SELECT lease_until FROM task_workspaces").fetchall()
-        from cogency import _time
-
-        await asyncio.sleep(max(0.0, (_time.parse(until) - _time.now()).total_seconds()) + 0.1)
+        await asyncio.sleep(1.2)  # its last lease lapses (renewed at most 1/3 s before)
         result = await agent.resume(task_id, "u")
+        await any_store.hold_conversation("held", "u", new_runner())  # its hold lapsed too
     finally:
         if process.poll() is None:
             _kill(process)
-        await store.close()
 
     assert result.stop_reason == "completed" and result.response == "Recovered."
-    assert db.execute("SELECT count(*) FROM task_workspaces").fetchone() == (0,)
+    assert await raw("SELECT count(*) FROM task_workspaces") == [(0,)]
 
 
-async def test_a_dead_runners_task_is_released_by_force_from_the_command_line(db_path, db):
-    process, task_id = _start_hanging_runner(db_path, lease=300.0)
+async def test_a_dead_runners_task_is_released_by_force_from_the_command_line(
+        any_store, raw, tmp_path):
+    """A runner on another host is known dead to the operator: `cogency tasks release`
+    frees its task and the conversation hold of its process at once."""
+    from cogency.errors import ConversationBusyError
+    from cogency.storage.base import new_runner
+
+    process, task_id = await _start_hanging_runner(any_store, raw, tmp_path, lease=300.0)
     _kill(process)
-    store = SQLiteStore(db_path)
-    try:
-        agent = Agent(llm=ScriptedLLM([reply("Recovered.")]), store=store)
-        with pytest.raises(TaskRunningError, match="cogency tasks release"):
-            await agent.resume(task_id, "u")
-        [(runner, epoch)] = db.execute("SELECT runner, epoch FROM task_workspaces").fetchall()
-        assert runner.startswith("a-host-that-is-gone|") and epoch == 1
+    agent = Agent(llm=ScriptedLLM([reply("Recovered.")]), store=any_store)
+    with pytest.raises(TaskRunningError, match="cogency tasks release"):
+        await agent.resume(task_id, "u")
+    with pytest.raises(ConversationBusyError):
+        await any_store.hold_conversation("held", "u", new_runner())
+    [(runner, epoch)] = await raw("SELECT runner, epoch FROM task_workspaces")
+    assert runner.startswith("a-host-that-is-gone|") and epoch == 1
+    [(hold_epoch,)] = await raw("SELECT epoch FROM conversation_runs")
 
-        env = {**os.environ, "COGENCY_DB": str(db_path)}
-        released = subprocess.run(
-            [sys.executable, "-m", "cogency.cli", "tasks", "release", task_id, "--user", "u"],
-            capture_output=True, text=True, env=env, timeout=60,
-        )
-        assert released.returncode == 0, released.stderr
-        assert f"released task {task_id} from runner {runner}" in released.stdout
-        assert db.execute("SELECT runner, epoch FROM task_workspaces").fetchall() == [(None, 2)]
+    released = subprocess.run(
+        [sys.executable, "-m", "cogency.cli", "tasks", "release", task_id, "--user", "u",
+         "--db", _where(any_store)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert released.returncode == 0, released.stderr
+    assert f"released task {task_id} from runner {runner}" in released.stdout
+    assert await raw("SELECT runner, epoch FROM task_workspaces") == [(None, 2)]
+    assert await raw("SELECT runner, epoch FROM conversation_runs") == [(None, hold_epoch + 1)]
 
-        result = await agent.resume(task_id, "u")
-    finally:
-        await store.close()
+    await any_store.hold_conversation("held", "u", holder := new_runner())
+    result = await agent.resume(task_id, "u")
+    await any_store.release_conversation("held", holder)
     assert result.stop_reason == "completed"
 
 
@@ -293,26 +311,10 @@ async def test_force_release_of_another_users_task_is_not_found(store):
 
 
 async def _lose_lease(store: Any, task_id: str, other: Any) -> None:
-    """Take the task away from ``store``'s runner while it works."""
-    if isinstance(store, SQLiteStore):  # its runner is known dead to the operator
-        assert await Agent(llm=ScriptedLLM([]), store=other).release(task_id, "u")
-        return
-    import pgutil
-
-    admin = await pgutil.connect(store.dsn)
-    try:  # the lease session dies (a network cut, a failover): the advisory lock goes with it
-        killed = await admin.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
-            "datname = current_database() AND application_name = 'cogency-leases'"
-        )
-        assert killed == 1
-        while await admin.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'cogency-leases'"
-        ):
-            await asyncio.sleep(0.02)
-    finally:
-        await admin.close()
+    """Take the task away from ``store``'s runner while it works (its runner is known dead
+    to the operator; a lapsed lease is taken over the same way, by a claim that moves the
+    epoch on)."""
+    assert await Agent(llm=ScriptedLLM([]), store=other).release(task_id, "u")
 
 
 async def test_a_runner_that_lost_its_lease_stops_and_writes_nothing(any_store, raw):

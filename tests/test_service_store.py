@@ -234,3 +234,54 @@ async def test_opening_an_older_postgres_database_computes_its_conversations_dig
         finally:
             await store.close()
     assert found == "c"
+
+
+async def test_a_run_whose_hold_was_taken_over_writes_nothing(any_store, raw, raw_write):
+    """The hold lapsed (its store could not renew it) and another runner took the
+    conversation: the first run's next write raises LeaseLostError and stores nothing, so two
+    runs never interleave in one conversation."""
+    from cogency.errors import LeaseLostError
+    from cogency.state import State, add_message, autosave
+    from cogency.storage import SQLiteStore
+    from cogency.storage.postgres import PostgresStore
+
+    await any_store.hold_conversation("c", "alice", new_runner())
+    state = await State.start_task("first run", "alice", "c", store=any_store,
+                                   record_query=True, runner=new_runner())
+    any_store._leases._beat.cancel()  # its renewals stop (a partition, a stalled process)
+    await raw_write("UPDATE conversation_runs SET lease_until = ?", "2000-01-01T00:00:00+00:00")
+    other = SQLiteStore(any_store.path) if isinstance(any_store, SQLiteStore) \
+        else PostgresStore(any_store.dsn)
+    try:
+        await other.hold_conversation("c", "alice", second := new_runner())
+        later = await State.start_task("second run", "alice", "c", store=other,
+                                       record_query=True, runner=new_runner())
+        add_message(state, "assistant", "the first run's late answer")
+        with pytest.raises(LeaseLostError, match="conversation 'c'"):
+            await autosave(state)
+        with pytest.raises(LeaseLostError):
+            await state.complete_task()
+        add_message(later, "assistant", "the second run's answer")
+        await later.complete_task()
+        await other.release_conversation("c", second)
+    finally:
+        await other.close()
+    rows = await raw("SELECT content FROM conversation_messages WHERE conversation_id = 'c' "
+                     "ORDER BY seq")
+    assert [r[0] for r in rows] == ["first run", "second run", "the second run's answer"]
+
+
+async def test_a_lapsed_hold_nobody_took_is_renewed_and_the_run_goes_on(any_store, raw,
+                                                                       raw_write):
+    from cogency.state import State, add_message
+
+    await any_store.hold_conversation("c", "alice", holder := new_runner())
+    state = await State.start_task("q", "alice", "c", store=any_store, record_query=True,
+                                   runner=new_runner())
+    await raw_write("UPDATE conversation_runs SET lease_until = ?", "2000-01-01T00:00:00+00:00")
+    add_message(state, "assistant", "answer")
+    await state.complete_task()  # its epoch is unchanged: still its hold
+    [(epoch,)] = await raw("SELECT epoch FROM conversation_runs")
+    assert epoch == 1
+    await any_store.release_conversation("c", holder)
+    assert await raw("SELECT runner FROM conversation_runs") == [(None,)]

@@ -1,4 +1,5 @@
-"""Backend-neutral store behaviour: every test runs on SQLite and on PostgreSQL.
+"""Backend-neutral store behaviour: every test runs on SQLite, on PostgreSQL (as an ordinary
+role, so row-level security holds) and on PostgreSQL through PgBouncer in transaction mode.
 
 Tenancy, optimistic versioning, concurrent appends, enforced foreign keys, corrupt rows,
 forgetting a user. Rows are read back with ``raw`` (``?`` placeholders on every backend).
@@ -16,6 +17,14 @@ from cogency.errors import ConflictError, CorruptDataError, NotFoundError
 from cogency.memory import Memory
 from cogency.state import State, add_message, autosave
 from cogency.storage import SaveBatch, SQLiteStore, TaskRecord
+
+
+@pytest.fixture(params=["sqlite", "postgres", "pgbouncer"])
+async def any_store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    from conftest import open_backend
+
+    async with open_backend(request.param, tmp_path) as store:
+        yield store
 
 
 def as_json(value: Any) -> Any:

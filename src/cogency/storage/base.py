@@ -34,6 +34,8 @@ MIGRATION_NAMES = (
     "m009_client_tool_calls",
     "m010_idempotency_keys",
     "m011_conversation_turns",
+    "m012_leases_as_rows",
+    "m013_row_level_security",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
 
@@ -197,7 +199,8 @@ class Store(Protocol):
 
     async def force_release(self, task_id: str, user_id: str) -> str | None:
         """Take the task away from whichever runner holds it (one known to be dead): its
-        later writes are refused. Returns that runner, or ``None`` if none held it."""
+        later writes are refused. The hold its process has on the task's conversation (see
+        :meth:`hold_conversation`) goes too. Returns that runner, or ``None`` if none held it."""
         ...
 
     async def load_profile(self, user_id: str) -> Profile | None: ...
@@ -276,7 +279,11 @@ class Store(Protocol):
         """Reserve the conversation for one run across every process on this database.
 
         ``ConversationBusyError`` while another live runner holds it; ``NotFoundError`` if it
-        is another user's. A runner whose process died holds nothing.
+        is another user's. The hold is a lease this store renews while it lasts: a runner
+        whose process died on this host holds nothing, one on another host holds it until
+        its lease lapses. While held, the tasks this store begins or claims in the
+        conversation are fenced by the hold too: once another runner has taken it (or a force
+        release cleared it), their next write raises ``LeaseLostError`` and stores nothing.
         """
         ...
 

@@ -1,17 +1,31 @@
 """PostgreSQL storage: one database shared by many agent processes on many machines.
 
-Same tables, columns and migration names as :mod:`cogency.storage.sqlite` (but for how a lease
-is held); the JSON columns have PostgreSQL's ``json`` type, which rejects invalid JSON yet keeps
-the text exactly as written (``jsonb`` would refuse a ``\\u0000`` that SQLite stores). Writers
-serialize on row locks, not on the whole database. A running task's row names its store's
-session advisory lock, which PostgreSQL drops by itself when that store's connection dies: the
-task is then free, and every write of the old runner is fenced out by the lease epoch.
+Same tables, columns and migration names as :mod:`cogency.storage.sqlite`; the JSON columns
+have PostgreSQL's ``json`` type, which rejects invalid JSON yet keeps the text exactly as
+written (``jsonb`` would refuse a ``\\u0000`` that SQLite stores). Writers serialize on row
+locks, not on the whole database. Tasks and conversations are held by leases as rows
+(:mod:`cogency.storage._lease`), as on SQLite.
+
+Nothing a run depends on lives in a server session, so the store works behind a pooler that
+hands each transaction another server connection (PgBouncer's ``pool_mode = transaction``):
+
+- Every statement sets what its transaction needs itself, first thing, with
+  ``set_config(…, true)``: the user it acts for (row-level security, see migration m013), a
+  named scope for the few operations across users, ``lock_timeout`` and
+  ``synchronous_commit``. A gate makes the order certain: the statement's body is a
+  materialized CTE read only under a one-time filter whose InitPlan runs the ``set_config``
+  calls, so no row of it is touched before (``_scoped``).
+- On a direct connection, statements are prepared once per connection under names no other
+  client uses, with generic plans (``plan_cache_mode``, sent at connection start). Behind a
+  pooler that refuses that startup parameter (PgBouncer does), or that answers "prepared
+  statement does not exist" (one that passes it on), statements are unnamed and parsed again
+  with each execution, in the same round trip (``_Connection``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,6 +49,7 @@ from ..errors import (
     UsageError,
 )
 from ..memory.profile import Profile
+from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, lease_free, process_of
 from ._window import Newest, Window, Windows
 from .base import (
     MIGRATION_NAMES,
@@ -60,7 +75,6 @@ from .base import (
     no_conversation,
     no_workspace,
     abandon_runner,
-    runner_alive,
     schema_problem,
     task_record,
     task_running,
@@ -77,6 +91,9 @@ _MIGRATION_LOCK = 0x636F67656E6379  # "cogency": one key for every process migra
 _RETRIES = 3
 """Attempts of one transaction: deadlock victims and connections lost before COMMIT."""
 _LOST_CONNECTION_RETRIES = 1
+_TAKE_ATTEMPTS = 3
+"""Statements one claim (or hold) may take: again after finding its holder's process gone,
+or a holder that committed in between."""
 _MESSAGE_BATCH = 256
 """Rows fetched per round trip while windowing history (newest first, stops at the budget)."""
 _TASK_KEY = "task_id = $1 AND user_id IS NOT DISTINCT FROM $2"
@@ -359,6 +376,70 @@ async def _m011_conversation_turns(db: asyncpg.Connection) -> None:
     )
 
 
+async def _m012_leases_as_rows(db: asyncpg.Connection) -> None:
+    # Tasks and conversations are held by leases as rows, as on SQLite, instead of session
+    # advisory locks: a pooler in transaction mode keeps no session, and a lost session no
+    # longer drops a conversation's hold unseen. A conversation's row keeps its epoch when
+    # released (runner NULL), so each take moves it on and fences out the run before.
+    await db.execute(
+        """
+        CREATE TABLE conversation_runs (
+            conversation_id TEXT PRIMARY KEY,    -- one run at a time per conversation, across
+            user_id TEXT NOT NULL,               -- every process on this database
+            runner TEXT,                         -- host|pid|start|token; NULL: not held
+            epoch INTEGER NOT NULL DEFAULT 0,    -- bumped by each take and force release
+            lease_until TIMESTAMPTZ,             -- the hold lapses then unless renewed
+            started_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE INDEX conversation_runs_by_user ON conversation_runs(user_id);
+        ALTER TABLE task_workspaces DROP COLUMN lease_holder;
+        """
+    )
+
+
+_USER = "current_setting('cogency.user_id', true)"
+_SCOPE = "current_setting('cogency.scope', true)"
+_POLICIES = {
+    # table -> the named scopes (besides its user's own rows) that may see its rows
+    "user_profiles": (),
+    "conversations": ("holds",),
+    "task_workspaces": ("all_tasks", "leases"),
+    "task_approvals": ("all_tasks",),
+    "api_keys": ("api_keys",),
+    "idempotency_keys": (),
+    "conversation_runs": ("holds", "leases"),
+}
+
+
+async def _m013_row_level_security(db: asyncpg.Connection) -> None:
+    # Every user's rows are visible only to statements that act for that user (the store sets
+    # cogency.user_id in each one), so a query that forgets its WHERE user_id finds nothing of
+    # another user's. Operations across users name their scope (cogency.scope): listing every
+    # user's tasks, finding an API key before its user is known, renewing and releasing
+    # leases, checking a conversation's owner before holding it, migrating. FORCE: the tables'
+    # owner (usually the role the store connects as) is held to the policies too; superusers
+    # and BYPASSRLS roles still see everything. user_generations holds hashes, no user id.
+    for table, scopes in _POLICIES.items():
+        allowed = ", ".join(f"'{scope}'" for scope in (*scopes, "migration"))
+        await db.execute(
+            f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; "
+            f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY; "
+            f"CREATE POLICY cogency_owner ON {table} USING (user_id = {_USER} "
+            f"OR {_SCOPE} IN ({allowed}))"
+        )
+    # A message is its conversation's: readable, changeable and deletable where that row is
+    # visible. An insert needs a user scope: a new conversation and its first messages are
+    # written by one statement, whose policy checks cannot see that statement's own rows;
+    # the statements that append check the conversation's owner themselves.
+    await db.execute(
+        "ALTER TABLE conversation_messages ENABLE ROW LEVEL SECURITY; "
+        "ALTER TABLE conversation_messages FORCE ROW LEVEL SECURITY; "
+        "CREATE POLICY cogency_owner ON conversation_messages USING (EXISTS (SELECT 1 FROM "
+        "conversations c WHERE c.conversation_id = conversation_messages.conversation_id)) "
+        f"WITH CHECK ({_USER} <> '' OR {_SCOPE} = 'migration')"
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -371,6 +452,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m009_client_tool_calls", _m009_client_tool_calls),
     ("m010_idempotency_keys", _m010_idempotency_keys),
     ("m011_conversation_turns", _m011_conversation_turns),
+    ("m012_leases_as_rows", _m012_leases_as_rows),
+    ("m013_row_level_security", _m013_row_level_security),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -383,6 +466,8 @@ async def migrate(db: asyncpg.Connection, upto: str | None = None) -> list[str]:
     """
     async with db.transaction():
         await db.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+        # Migrations work on every user's rows (row-level security, m013).
+        await db.execute("SELECT set_config('cogency.scope', 'migration', true)")
         await db.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations "
             "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
@@ -423,6 +508,137 @@ async def _check_schema(db: asyncpg.Connection, where: str) -> None:
         raise problem
 
 
+
+
+# -- statements that carry their own settings ------------------------------------------------
+
+_PARAMETER = re.compile(r"\$(\d+)")
+
+
+class _Sql:
+    """A statement of the store, made to set its transaction's scope and settings first.
+
+    ``body`` (a query, or a data-modifying statement with RETURNING) becomes a materialized
+    CTE, read under a one-time filter whose InitPlan runs the ``set_config`` calls: PostgreSQL
+    runs a CTE only when it is read (or, one with a data change that nothing reads, after the
+    main query), and evaluates the filter before reading anything under it, so every row the
+    statement touches is touched with the user (row-level security), ``lock_timeout`` and
+    ``synchronous_commit`` set. ``ctes`` are more CTEs (data-modifying ones must be at the top
+    level); ``order`` orders the rows. The settings are the last four parameters; they last
+    until the transaction ends (``true``: local), whichever server connection runs it.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, body: str, *, ctes: str = "", order: str = "") -> None:
+        used = [int(number) for number in _PARAMETER.findall(ctes + body)]
+        n = max(used, default=0)
+        user, scope, lock, sync = (f"${n + k}" for k in range(1, 5))
+        self.text = (
+            f"WITH cogency_scope AS (SELECT set_config('cogency.user_id', {user}::text, true), "
+            f"set_config('cogency.scope', {scope}::text, true), "
+            f"set_config('lock_timeout', {lock}::text, true), "
+            f"CASE WHEN {sync}::text IS NOT NULL "
+            f"THEN set_config('synchronous_commit', {sync}::text, true) END), "
+            + (f"{ctes}, " if ctes else "")
+            + f"cogency_body AS MATERIALIZED ({body}) "
+            "SELECT * FROM cogency_body WHERE (SELECT true FROM cogency_scope)"
+            + (f" ORDER BY {order}" if order else "")
+        )
+
+
+class _Db:
+    """A pooled connection as the store's work sees it: every statement is a :class:`_Sql`,
+    given the scope of the call (the user it acts for, or a named scope across users)."""
+
+    __slots__ = ("connection", "_settings")
+
+    def __init__(self, connection: asyncpg.Connection, settings: tuple[Any, ...]) -> None:
+        self.connection = connection
+        self._settings = settings
+
+    async def fetch(self, sql: _Sql, *args: Any) -> list[Any]:
+        return cast("list[Any]", await self.connection.fetch(sql.text, *args, *self._settings))
+
+    async def fetchrow(self, sql: _Sql, *args: Any) -> Any:
+        return await self.connection.fetchrow(sql.text, *args, *self._settings)
+
+    async def fetchval(self, sql: _Sql, *args: Any) -> Any:
+        return await self.connection.fetchval(sql.text, *args, *self._settings)
+
+    async def executemany(self, sql: _Sql, rows: Sequence[Sequence[Any]]) -> None:
+        await self.connection.executemany(sql.text, [(*row, *self._settings) for row in rows])
+
+
+class _Mode:
+    """How the connections of one store prepare statements (switched for all at once)."""
+
+    __slots__ = ("unnamed",)
+
+    def __init__(self, unnamed: bool = False) -> None:
+        self.unnamed = unnamed
+
+
+_CONNECTIONS: dict[str, Any] = {}
+
+
+def _connection_class() -> Any:
+    """asyncpg's connection, made safe behind a pooler (made once; asyncpg is optional).
+
+    - Statements it prepares have names no other client uses, so a statement sent to a
+      server connection that lacks it fails ("does not exist") instead of running another
+      client's statement of the same name.
+    - With its store's ``mode.unnamed`` set, statements are unnamed and parsed again in the same round trip as
+      each execution (asyncpg re-parses an unprepared statement before Bind); their
+      parameter and result types are kept here, so a statement costs one round trip, not the
+      two of asyncpg's own ``statement_cache_size=0`` (describe, then execute).
+    """
+    if "class" in _CONNECTIONS:
+        return _CONNECTIONS["class"]
+    asyncpg = _driver()
+
+    class _Connection(asyncpg.Connection):  # type: ignore[name-defined]
+        def __init__(self, *args: Any, **options: Any) -> None:
+            super().__init__(*args, **options)
+            self.mode = _Mode()  # its store's, once the pool made it
+            self._token = os.urandom(6).hex()
+            self._count = 0
+            self._described: dict[Any, Any] = {}
+
+        def _get_unique_id(self, prefix: str) -> str:
+            self._count += 1
+            return f"__cogency_{self._token}_{prefix}_{self._count:x}__"
+
+        async def _get_statement(self, query: str, timeout: Any, *, named: Any = False,
+                                 use_cache: bool = True, ignore_custom_codec: bool = False,
+                                 record_class: Any = None) -> Any:
+            if not self.mode.unnamed or named or not use_cache:
+                return await super()._get_statement(
+                    query, timeout, named=named, use_cache=use_cache,
+                    ignore_custom_codec=ignore_custom_codec, record_class=record_class)
+            key = (query, record_class, ignore_custom_codec)
+            statement = self._described.get(key)
+            if statement is None:
+                statement = await super()._get_statement(
+                    query, timeout, named=False, use_cache=False,
+                    ignore_custom_codec=ignore_custom_codec, record_class=record_class)
+                if statement.prepared:
+                    statement.mark_unprepared()  # parsed again with every execution
+                if len(self._described) >= 512:
+                    self._described.clear()
+                self._described[key] = statement
+            return statement
+
+        def _drop_local_statement_cache(self) -> None:
+            self._described.clear()
+            super()._drop_local_statement_cache()
+
+    _CONNECTIONS["class"] = _Connection
+    return _Connection
+
+
+log = logging.getLogger("cogency.storage")
+
 # -- the store ------------------------------------------------------------------------------
 
 
@@ -432,13 +648,18 @@ class PostgresStore:
     Nothing connects until the first call; then a pool of at most ``max_size`` connections
     opens and the schema is migrated. Waiting longer than ``acquire_timeout`` seconds for a free
     connection, or ``lock_timeout`` for a row lock, raises
-    :class:`~cogency.errors.StoreUnavailableError`. Tasks being run are held through one session
-    advisory lock on one extra connection per store (taken once, named in the task rows), so a
-    process that dies frees its tasks at once, and holding a task costs no round trip.
+    :class:`~cogency.errors.StoreUnavailableError`. Tasks and conversations being run are held
+    by leases of ``lease`` seconds that this store renews while the runs go on (one statement
+    every third of it, for all it holds); a runner whose process is gone (on this host) or
+    whose lease lapsed (any host) holds nothing. The store opens no connection but its pool's.
 
-    ``read_only=True`` never migrates or writes (every session is read-only): a database with
-    an older schema is a :class:`~cogency.errors.StorageError` saying to open it once for
-    writing.
+    It works directly on PostgreSQL and behind a pooler in transaction or session mode
+    (PgBouncer): ``pooled`` says which it found (``None`` until it connected). Behind a pooler
+    statements are parsed with every execution (no server session keeps them).
+
+    ``read_only=True`` never migrates or writes (every call is a read-only transaction): a
+    database with an older schema is a :class:`~cogency.errors.StorageError` saying to open it
+    once for writing.
 
     ``synchronous_commit=None`` keeps the server's setting (by default every commit waits for
     its disk flush, a few ms on ordinary disks). ``False`` answers before the flush: a crash of
@@ -458,6 +679,7 @@ class PostgresStore:
         lock_timeout: float = 10.0,
         command_timeout: float | None = 60.0,
         synchronous_commit: bool | None = None,
+        lease: float = LEASE_SECONDS,
         read_only: bool = False,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.startswith(("postgresql://", "postgres://")):
@@ -466,6 +688,8 @@ class PostgresStore:
             )
         if max_size < 1 or min_size < 0 or min_size > max_size:
             raise UsageError("the pool needs 0 <= min_size <= max_size and max_size >= 1")
+        if lease <= 0:
+            raise UsageError("lease must be a positive number of seconds")
         self.dsn = dsn
         self.min_size = min_size
         self.max_size = max_size
@@ -474,20 +698,16 @@ class PostgresStore:
         self.lock_timeout = lock_timeout
         self.command_timeout = command_timeout
         self.synchronous_commit = synchronous_commit
+        self.lease = lease
         self.read_only = read_only
+        self.pooled: bool | None = None
+        """Whether a pooler stands between this store and PostgreSQL (found on connecting)."""
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
-        self._lease_db: asyncpg.Connection | None = None
-        self._lease_lock: asyncio.Lock | None = None
-        self._key: int | None = None
-        """This store's lease key: the session advisory lock its lease connection holds."""
-        self._leases: dict[str, tuple[str, int]] = {}
-        """task_id -> (runner, epoch) of the tasks this store's runs hold."""
+        self._leases = Leases(lease, self._renew)
+        self._mode = _Mode()
         self._windows = _Windows()
-        self._holds: dict[str, str] = {}
-        """conversation_id -> runner of the conversations held (``hold_conversation``): session
-        advisory locks on the lease connection, gone with it."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -514,7 +734,6 @@ class PostgresStore:
             self._forget_loop()
             self._loop = loop
             self._opening = asyncio.Lock()
-            self._lease_lock = asyncio.Lock()
         assert self._opening is not None
         async with self._opening:
             if self._pool is None:
@@ -523,18 +742,39 @@ class PostgresStore:
 
     async def _open_pool(self) -> asyncpg.Pool:
         asyncpg = _driver()
-        try:
-            pool = await asyncpg.create_pool(
-                self.dsn,
-                min_size=self.min_size,
-                max_size=self.max_size,
-                timeout=self.connect_timeout,
-                command_timeout=self.command_timeout,
-                server_settings=self._settings("cogency"),
-                reset=_keep_session,
-            )
-        except Exception as exc:
-            raise self._connect_error(exc) from exc
+        while True:
+            pooled = bool(self.pooled)
+            settings = {"application_name": "cogency", "timezone": "UTC"}
+            if not pooled:
+                # Statements prepared once per connection keep one generic plan, so a turn
+                # is not planned again each time. Poolers refuse (PgBouncer) or drop it.
+                settings["plan_cache_mode"] = "force_generic_plan"
+
+            async def init(db: Any) -> None:
+                db.mode = self._mode
+
+            try:
+                pool = await asyncpg.create_pool(
+                    self.dsn,
+                    min_size=self.min_size,
+                    max_size=self.max_size,
+                    timeout=self.connect_timeout,
+                    command_timeout=self.command_timeout,
+                    server_settings=settings,
+                    statement_cache_size=0 if pooled else 100,
+                    connection_class=_connection_class(),
+                    init=init,
+                    reset=_keep_session,
+                )
+            except Exception as exc:
+                if not pooled and _refused_setting(exc):
+                    log.info("PostgreSQL at %s is behind a pooler (it refused the startup "
+                             "parameter plan_cache_mode)", self._where())
+                    self._found(True)
+                    continue
+                raise self._connect_error(exc) from exc
+            break
+        self._found(pooled)
         try:
             async with pool.acquire(timeout=self.acquire_timeout) as db:
                 if self.read_only:
@@ -548,59 +788,51 @@ class PostgresStore:
             raise self._error(exc, "migrating the schema") from exc
         return pool
 
-    def _settings(self, name: str) -> dict[str, str]:
-        settings = {
-            "application_name": name,
-            "lock_timeout": str(int(self.lock_timeout * 1000)),
-            "timezone": "UTC",
-            "plan_cache_mode": "force_generic_plan",
-        }
-        if name == "cogency-leases":
-            # The lease session writes only the runner column, shown to people; the lock
-            # itself is never on disk. Not waiting for the WAL flush saves a disk sync per
-            # claim and per release.
-            settings["synchronous_commit"] = "off"
-        elif self.synchronous_commit is not None:
-            settings["synchronous_commit"] = "on" if self.synchronous_commit else "off"
-        if self.read_only:
-            settings["default_transaction_read_only"] = "on"
-        return settings
+    def _found(self, pooled: bool) -> None:
+        """Behind a pooler (``pooled``) statements are unnamed, parsed with each execution."""
+        self.pooled = pooled
+        self._mode.unnamed = pooled
 
     def _forget_loop(self) -> None:
-        for resource in (self._pool, self._lease_db):
-            if resource is not None:
-                try:
-                    resource.terminate()
-                except RuntimeError:  # its loop is closed; the socket closes with it
-                    pass
+        if self._pool is not None:
+            try:
+                self._pool.terminate()
+            except RuntimeError:  # its loop is closed; the sockets close with it
+                pass
         self._pool = None
-        self._lease_db = None
-        self._key = None
         self._leases.clear()
-        self._holds.clear()
 
     async def _use(
         self,
         operation: str,
-        work: Callable[[asyncpg.Connection], Awaitable[T]],
+        work: Callable[[_Db], Awaitable[T]],
         *,
+        user: str | None = None,
+        scope: str | None = None,
         write: bool = True,
         transaction: bool = True,
         idempotent: bool = False,
     ) -> T:
-        """Run ``work`` on a pooled connection, in one transaction unless told otherwise.
+        """Run ``work`` on a pooled connection, in one transaction unless told otherwise,
+        acting for ``user`` (row-level security) or in the named ``scope`` across users.
 
         Run again from the start: a deadlock victim; a transaction whose connection died before
         its COMMIT was sent (the server rolled it back, nothing of it is stored); a read, or a
         ``write=False`` statement that may safely repeat; an ``idempotent`` write (one that
-        finds its own earlier landing). Another write whose connection was lost during its
-        COMMIT (or its single statement) is reported, never retried: that change may have
-        landed.
+        finds its own earlier landing); a statement a pooler sent where it was never prepared
+        (it ran nowhere: the store turns to unnamed statements). Another write whose
+        connection was lost during its COMMIT (or its single statement) is reported, never
+        retried: that change may have landed.
         """
         asyncpg = _driver()
-        pool = await self._ready()
+        settings = (
+            user, scope, str(int(self.lock_timeout * 1000)),
+            None if self.synchronous_commit is None else
+            "on" if self.synchronous_commit else "off",
+        )
         lost_connections = 0
-        for attempt in range(_RETRIES):
+        for attempt in range(_RETRIES + 1):
+            pool = await self._ready()
             try:
                 db = await pool.acquire(timeout=self.acquire_timeout)
             except asyncio.TimeoutError as exc:
@@ -613,14 +845,30 @@ class PostgresStore:
             except Exception as exc:
                 raise self._connect_error(exc) from exc
             committing = False
+            named = not self._mode.unnamed
             try:
+                scoped = _Db(db, settings)
+                if self.read_only:
+                    async with db.transaction(readonly=True):
+                        return await work(scoped)
                 if not transaction:
                     committing = write  # a lone statement commits as it runs
-                    return await work(db)
+                    return await work(scoped)
                 async with db.transaction():
-                    result = await work(db)
+                    result = await work(scoped)
                     committing = write
                 return result
+            except asyncpg.exceptions.InvalidSQLStatementNameError as exc:
+                # A prepared statement went to a server connection that never saw it: a pooler
+                # in transaction mode hands out server connections per transaction. It ran
+                # nowhere (its names are this client's own), so run it again, unnamed.
+                if not named:
+                    raise self._error(exc, operation) from exc
+                if not self._mode.unnamed:
+                    log.info("PostgreSQL at %s is behind a pooler (a prepared statement was "
+                             "missing on its server connection)", self._where())
+                    self._found(True)
+                continue
             except asyncpg.exceptions.TransactionRollbackError as exc:
                 if attempt + 1 < _RETRIES:
                     continue
@@ -642,15 +890,23 @@ class PostgresStore:
                 await pool.release(db)
         raise AssertionError("unreachable")
 
-    async def _read(self, operation: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def _read(self, operation: str, work: Callable[[_Db], Awaitable[T]], *,
+                    user: str | None = None, scope: str | None = None) -> T:
         """One read statement (atomic by itself: no BEGIN/COMMIT round trips)."""
-        return await self._use(operation, work, write=False, transaction=False)
+        return await self._use(operation, work, user=user, scope=scope, write=False,
+                               transaction=False)
 
     def _error(
         self, exc: BaseException, operation: str, *, committing: bool = False
-    ) -> StorageError:
+    ) -> CogencyError:
         """A driver error as the package's own, saying what happened to the data."""
         asyncpg = _driver()
+        pooler = _pooler_problem(exc)
+        if pooler is not None:
+            return ConfigurationError(
+                f"the pooler in front of PostgreSQL at {self._where()} refused {operation} "
+                f"({exc}): {pooler}. Nothing was written."
+            )
         if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
             return StoreLockedError(
                 f"a row stayed locked past lock_timeout={self.lock_timeout:g}s while {operation} "
@@ -686,9 +942,15 @@ class PostgresStore:
             f"{type(exc).__name__}: {exc}"
         )
 
-    def _connect_error(self, exc: BaseException) -> StorageError:
+    def _connect_error(self, exc: BaseException) -> CogencyError:
         asyncpg = _driver()
         where = redact(self.dsn)
+        pooler = _pooler_problem(exc)
+        if pooler is not None:
+            return ConfigurationError(
+                f"the pooler in front of PostgreSQL at {where} refused the connection ({exc}): "
+                f"{pooler}"
+            )
         if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
             return StoreUnavailableError(
                 f"the database in {where} does not exist ({exc}); create it "
@@ -702,7 +964,8 @@ class PostgresStore:
         if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
             return StoreUnavailableError(
                 f"PostgreSQL at {where} has no connection slots left ({exc}); lower max_size in "
-                "your processes or raise max_connections on the server"
+                "your processes, put a pooler (PgBouncer) in front, or raise max_connections "
+                "on the server"
             )
         if isinstance(exc, (OSError, asyncio.TimeoutError,
                             asyncpg.exceptions.PostgresConnectionError,
@@ -716,274 +979,200 @@ class PostgresStore:
         return StorageError(f"cannot open PostgreSQL at {where}: {type(exc).__name__}: {exc}")
 
     async def close(self) -> None:
-        """Close the pool and give up every task this store holds. Safe to call twice."""
-        self._closed = True
-        pool, lease_db = self._pool, self._lease_db
-        self._pool, self._lease_db, self._key = None, None, None
+        """Give up every task and conversation this store holds, and close the pool. Safe to
+        call twice."""
+        tasks, holds = dict(self._leases.tasks), dict(self._leases.holds)
         self._leases.clear()
-        self._holds.clear()
-        try:
-            if lease_db is not None and not lease_db.is_closed():
-                await lease_db.close(timeout=5)  # closing the session frees its advisory locks
-        finally:
-            if pool is not None:
-                await pool.close()
-
-    # -- task leases: one session advisory lock per store, named in the rows it holds -----
-
-    async def _holder(self) -> int:
-        """This store's lease key, taken once on its own connection (which then idles)."""
-        await self._ready()
-        assert self._lease_lock is not None
-        async with self._lease_lock:
-            if self._key is not None and self._lease_db is not None \
-                    and not self._lease_db.is_closed():
-                return self._key
-            asyncpg = _driver()
+        for runner, _ in (*tasks.values(), *holds.values()):
+            abandon_runner(runner)  # over, whatever the database says
+        if (tasks or holds) and self._pool is not None and not self._closed:
             try:
-                db = await asyncpg.connect(
-                    self.dsn, timeout=self.connect_timeout,
-                    server_settings=self._settings("cogency-leases"),
+                await self._use(
+                    "letting go of leases",
+                    lambda db: db.fetch(_LET_GO, list(tasks), [r for r, _ in tasks.values()],
+                                        list(holds), [r for r, _ in holds.values()]),
+                    scope="leases", write=False, transaction=False,
                 )
-            except Exception as exc:
-                raise self._connect_error(exc) from exc
-            try:
-                while not await db.fetchval(
-                    "SELECT pg_try_advisory_lock($1)",
-                    key := int.from_bytes(os.urandom(8), "big", signed=True),
-                ):
-                    pass  # another store drew the same 64 bits: draw again
-            except Exception as exc:
-                db.terminate()
-                raise self._error(exc, "taking this store's lease") from exc
-            db.add_termination_listener(self._lease_connection_lost)
-            self._lease_db, self._key = db, key
-            return key
+            except CogencyError as exc:  # they lapse by themselves
+                log.warning("could not let go of leases on closing: %s", exc)
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
 
-    def _lease_connection_lost(self, db: asyncpg.Connection) -> None:
-        if db is self._lease_db:
-            # The lock went with the session: other stores may claim this store's tasks now,
-            # and the runs still going here are fenced out when they do.
-            self._lease_db, self._key = None, None
-            self._holds.clear()
+    # -- leases: tasks and conversation holds, rows renewed by this store -----------------
+
+    async def _renew(self, tasks: Held, holds: Held) -> tuple[set[str], set[str]]:
+        async def work(db: _Db) -> tuple[set[str], set[str]]:
+            rows = await db.fetch(
+                _RENEW, list(tasks), [r for r, _ in tasks.values()],
+                [e for _, e in tasks.values()], list(holds), [r for r, _ in holds.values()],
+                [e for _, e in holds.values()], self.lease,
+            )
+            kept = {(row["kind"], row["id"]) for row in rows}
+            return ({task for task in tasks if (0, task) not in kept},
+                    {conv for conv in holds if (1, conv) not in kept})
+
+        return await self._use("renewing leases", work, scope="leases", transaction=False)
 
     async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
-        holder = self._leases.get(task_id)
+        holder = self._leases.tasks.get(task_id)
         if holder is not None and holder[0] == runner:
             return holder[1]
-        if holder is not None and runner_alive(holder[0]):
-            raise task_running(task_id)  # another run of this store holds (or claims) it
-        key = await self._holder()
 
-        async def work(db: asyncpg.Connection) -> int:
-            # One statement: take the task if nobody holds it, or its holder's lock is gone
-            # (or it was this store's, from a run that ended without letting go).
-            epoch = await db.fetchval(
-                "UPDATE task_workspaces t SET runner = $3, lease_holder = $4, epoch = t.epoch + 1 "
-                "WHERE t." + _TASK_KEY + " AND (t.lease_holder IS NULL "
-                "OR t.lease_holder = $4 OR NOT " + _HELD + ") RETURNING t.epoch",
-                task_id, user_id, runner, key,
-            )
-            if epoch is None:
-                if await db.fetchval(
-                    "SELECT 1 FROM task_workspaces WHERE " + _TASK_KEY,
-                    task_id, user_id,
-                ) is None:
+        async def work(db: _Db) -> Any:
+            dead = None
+            for _ in range(_TAKE_ATTEMPTS):
+                row = await db.fetchrow(_CLAIM, task_id, user_id, runner, dead, self.lease)
+                if row is None:
                     raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-                raise task_running(task_id)
-            return int(epoch)
+                if row["taken"] is not None or row["runner"] == runner:
+                    return row
+                if not lease_free(row["runner"], row["lease_until"], row["now"]):
+                    raise task_running(task_id, row["lease_until"])
+                dead = row["runner"]  # a runner of this host whose process is gone
+            raise task_running(task_id)  # others kept taking it meanwhile
 
-        self._leases[task_id] = (runner, 0)  # a second claim from this store meanwhile waits
-        try:
-            epoch = await self._use("claiming a task", work, transaction=False)
-        except BaseException:
-            del self._leases[task_id]
-            raise
-        self._leases[task_id] = (runner, epoch)
+        row = await self._use("claiming a task", work, user=user_id, transaction=False)
+        epoch = int(row["taken"] if row["taken"] is not None else row["epoch"])
+        self._leases.hold_task(task_id, runner, epoch, row["conversation_id"])
         return epoch
 
     async def release_task(self, task_id: str, runner: str) -> None:
-        if self._leases.get(task_id, (None,))[0] == runner:
-            del self._leases[task_id]
+        if self._leases.tasks.get(task_id, (None,))[0] == runner:
+            self._leases.drop_task(task_id)
+        await self._let_go("releasing a task", _RELEASE_TASK, task_id, runner)
+
+    async def _let_go(self, operation: str, sql: _Sql, key: str, runner: str) -> None:
+        """Clear ``runner``'s hold on one row (never waits; a repeat is harmless)."""
         try:
-            await self._use(
-                "releasing a task",
-                lambda db: db.execute(
-                    "UPDATE task_workspaces SET runner = NULL, lease_holder = NULL "
-                    "WHERE task_id = (SELECT task_id FROM task_workspaces WHERE task_id = $1 "
-                    "AND runner = $2 FOR UPDATE SKIP LOCKED)",  # never waits to let go
-                    task_id, runner,
-                ),
-                write=False, transaction=False,
-            )
+            await self._use(operation, lambda db: db.fetch(sql, key, runner),
+                            scope="leases", write=False, transaction=False)
         except BaseException:
             abandon_runner(runner)  # the run is over even if its row still names it
             raise
 
     async def force_release(self, task_id: str, user_id: str) -> str | None:
-        async def work(db: asyncpg.Connection) -> Any:
-            return await db.fetchrow(
-                "UPDATE task_workspaces t SET runner = NULL, lease_holder = NULL, "
-                "epoch = t.epoch + 1 FROM (SELECT task_id, runner FROM task_workspaces "
-                "WHERE " + _TASK_KEY + " FOR UPDATE) old "
-                "WHERE t.task_id = old.task_id RETURNING old.runner",
-                task_id, user_id,
-            )
+        async def work(db: _Db) -> Any:
+            row = await db.fetchrow(_FORCE_RELEASE, task_id, user_id)
+            if row is not None and row["runner"]:  # its process's hold dies with it
+                await db.fetch(_CLEAR_HOLD, row["conversation_id"],
+                               process_of(row["runner"]) + "|")
+            return row
 
-        row = await self._use("releasing a task by force", work, transaction=False)
+        row = await self._use("releasing a task by force", work, user=user_id)
         if row is None:
             raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-        self._leases.pop(task_id, None)
+        self._leases.drop_task(task_id)
         return cast("str | None", row["runner"])
 
     async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
-        await self._holder()  # the lease connection: holds live (and die) with its session
-        assert self._lease_lock is not None
-        async with self._lease_lock:
-            holder = self._holds.get(conversation_id)
-            if holder == runner:
-                return
-            db = self._lease_db
-            if db is None or db.is_closed():
-                raise StoreUnavailableError(
-                    f"the lease connection to PostgreSQL at {self._where()} was just lost; "
-                    "nothing is held: retry"
-                )
-            try:
-                # NULL: another user's conversation (it must look "not found", not "busy").
-                # Advisory locks nest within a session, so one this store holds is busy here.
-                got = await db.fetchval(
-                    "SELECT CASE WHEN EXISTS (SELECT 1 FROM conversations WHERE "
-                    "conversation_id = $2 AND user_id <> $3) THEN NULL "
-                    "WHEN $4 THEN false ELSE pg_try_advisory_lock($1) END",
-                    _hold_key(conversation_id), conversation_id, user_id,
-                    holder is not None,
-                )
-            except Exception as exc:
-                raise self._error(exc, "holding a conversation") from exc
-            if got is None:
-                raise NotFoundError(no_conversation(conversation_id, user_id))
-            if not got:
-                raise ConversationBusyError(busy_conversation(conversation_id))
-            self._holds[conversation_id] = runner
+        async def work(db: _Db) -> int:
+            dead = None
+            for _ in range(_TAKE_ATTEMPTS):
+                # Across users (scope "holds"): another user's conversation is "not found".
+                row = await db.fetchrow(_HOLD, conversation_id, user_id, runner, dead,
+                                        self.lease)
+                if row["owner"] is not None and row["owner"] != user_id:
+                    raise NotFoundError(no_conversation(conversation_id, user_id))
+                if row["taken"] is not None:
+                    return int(row["taken"])
+                if row["holder"] == runner:
+                    return int(row["epoch"])
+                if not lease_free(row["holder"], row["lease_until"], row["now"]):
+                    if row["holder_user"] != user_id:  # another user's, in the making
+                        raise NotFoundError(no_conversation(conversation_id, user_id))
+                    raise ConversationBusyError(busy_conversation(conversation_id))
+                dead = row["holder"]  # a holder of this host whose process is gone
+            raise ConversationBusyError(busy_conversation(conversation_id))
+
+        epoch = await self._use("holding a conversation", work, user=user_id, scope="holds",
+                                transaction=False)
+        self._leases.hold_conversation(conversation_id, runner, epoch)
 
     async def release_conversation(self, conversation_id: str, runner: str) -> None:
-        await self._ready()
-        assert self._lease_lock is not None
-        async with self._lease_lock:
-            if self._holds.get(conversation_id) != runner:
-                return
-            del self._holds[conversation_id]
-            if self._lease_db is None or self._lease_db.is_closed():
-                return  # the session is gone, and its locks with it
-            try:
-                await self._lease_db.fetchval(
-                    "SELECT pg_advisory_unlock($1)", _hold_key(conversation_id)
-                )
-            except Exception as exc:
-                raise self._error(exc, "releasing a conversation") from exc
+        self._leases.drop_conversation(conversation_id, runner)
+        await self._let_go("releasing a conversation", _RELEASE_HOLD, conversation_id, runner)
 
-    # -- API keys -------------------------------------------------------------------------
+    # -- API keys (found before their user is known: scope "api_keys") --------------------
 
     async def create_api_key(self, key: ApiKeyRecord) -> None:
         driver = _driver()
 
-        async def work(db: asyncpg.Connection) -> None:
+        async def work(db: _Db) -> None:
             try:
-                await db.execute(
-                    "INSERT INTO api_keys (key_id, user_id, key_hash, name, created_at) "
-                    "VALUES ($1, $2, $3, $4, $5)",
-                    key.key_id, key.user_id, key.key_hash, key.name,
+                await db.fetch(
+                    _CREATE_KEY, key.key_id, key.user_id, key.key_hash, key.name,
                     key.created_at or _time.now(),
                 )
             except driver.exceptions.UniqueViolationError as exc:
                 raise ConflictError(f"an API key {key.key_id!r} exists already") from exc
 
-        await self._use("creating an API key", work)
+        await self._use("creating an API key", work, user=key.user_id)
 
     async def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
-        async def work(db: asyncpg.Connection) -> ApiKeyRecord | None:
-            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+        async def work(db: _Db) -> ApiKeyRecord | None:
+            row = await db.fetchrow(_FIND_KEY, key_id)
             return None if row is None else api_key_record(row)
 
-        return await self._read("checking an API key", work)
+        return await self._read("checking an API key", work, scope="api_keys")
 
     async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
-        async def work(db: asyncpg.Connection) -> list[ApiKeyRecord]:
-            if user_id is None:
-                rows = await db.fetch(_SELECT_KEYS + " ORDER BY created_at, key_id")
-            else:
-                rows = await db.fetch(
-                    _SELECT_KEYS + " WHERE user_id = $1 ORDER BY created_at, key_id", user_id
-                )
+        async def work(db: _Db) -> list[ApiKeyRecord]:
+            rows = await (db.fetch(_ALL_KEYS) if user_id is None
+                          else db.fetch(_USERS_KEYS, user_id))
             return [api_key_record(row) for row in rows]
 
-        return await self._read("listing API keys", work)
+        if user_id is None:  # every user's (`cogency keys list`)
+            return await self._read("listing API keys", work, scope="api_keys")
+        return await self._read("listing API keys", work, user=user_id)
 
     async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
-        async def work(db: asyncpg.Connection) -> ApiKeyRecord:
-            await db.execute(
-                "UPDATE api_keys SET revoked_at = $2 WHERE key_id = $1 AND revoked_at IS NULL",
-                key_id, _time.now(),
-            )
-            row = await db.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
+        async def work(db: _Db) -> ApiKeyRecord:
+            row = await db.fetchrow(_REVOKE_KEY, key_id, _time.now())
             if row is None:
                 raise NotFoundError(f"no API key {key_id!r} (`cogency keys list` lists them)")
             return api_key_record(row)
 
-        return await self._use("revoking an API key", work)
+        return await self._use("revoking an API key", work, scope="api_keys",
+                               transaction=False)
 
     # -- idempotency keys of the HTTP service ----------------------------------------------
 
     async def claim_request(self, record: RequestRecord, *, replace: bool = False
                             ) -> RequestRecord | None:
-        async def work(db: asyncpg.Connection) -> RequestRecord | None:
+        async def work(db: _Db) -> RequestRecord | None:
             # Expired rows go (a few at a time, so no claim ever waits on a big sweep).
-            await db.execute(
-                "DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(SELECT ctid FROM "
-                "idempotency_keys WHERE expires_at < now() LIMIT 100))")
+            await db.fetch(_SWEEP_REQUESTS, record.user_id)
             row = await db.fetchrow(
-                "INSERT INTO idempotency_keys AS k (user_id, key_hash, request_hash, task_id, "
-                "conversation_id, outcome, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) "
-                "ON CONFLICT (user_id, key_hash) DO UPDATE SET request_hash = "
-                "excluded.request_hash, task_id = excluded.task_id, conversation_id = "
-                "excluded.conversation_id, outcome = excluded.outcome, expires_at = "
-                "excluded.expires_at WHERE $8 OR k.expires_at < now() "
-                "RETURNING 1",
-                record.user_id, record.key, record.request, record.task_id,
+                _CLAIM_REQUEST, record.user_id, record.key, record.request, record.task_id,
                 record.conversation_id,
                 None if record.outcome is None else dumps(record.outcome), record.expires_at,
                 replace,
             )
             if row is not None:
                 return None
-            found = await db.fetchrow(_SELECT_REQUEST + " WHERE user_id = $1 AND key_hash = $2",
-                                      record.user_id, record.key)
+            found = await db.fetchrow(_FIND_REQUEST, record.user_id, record.key)
             return None if found is None else _request(found)
 
-        return await self._use("claiming an idempotency key", work)
+        return await self._use("claiming an idempotency key", work, user=record.user_id)
 
     async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
                              conversation_id: str | None = None,
                              outcome: dict[str, Any] | None = None) -> None:
-        async def work(db: asyncpg.Connection) -> None:
-            await db.execute(
-                "UPDATE idempotency_keys SET task_id = COALESCE($3, task_id), conversation_id "
-                "= COALESCE($4, conversation_id), outcome = COALESCE($5, outcome) "
-                "WHERE user_id = $1 AND key_hash = $2",
-                user_id, key, task_id, conversation_id,
-                None if outcome is None else dumps(outcome),
-            )
+        async def work(db: _Db) -> None:
+            await db.fetch(_SETTLE_REQUEST, user_id, key, task_id, conversation_id,
+                           None if outcome is None else dumps(outcome))
 
-        await self._use("recording an idempotency key's run", work, transaction=False,
-                        idempotent=True)
+        await self._use("recording an idempotency key's run", work, user=user_id,
+                        transaction=False, idempotent=True)
 
     async def drop_request(self, user_id: str, key: str) -> None:
-        async def work(db: asyncpg.Connection) -> None:
-            await db.execute("DELETE FROM idempotency_keys WHERE user_id = $1 AND key_hash = $2",
-                             user_id, key)
+        async def work(db: _Db) -> None:
+            await db.fetch(_DROP_REQUEST, user_id, key)
 
-        await self._use("dropping an idempotency key", work, transaction=False, idempotent=True)
+        await self._use("dropping an idempotency key", work, user=user_id, transaction=False,
+                        idempotent=True)
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -995,19 +1184,20 @@ class PostgresStore:
         history_tokens: int | None = None,
     ) -> ConversationRecord:
         driver = _driver()
-        key = await self._holder() if task.runner else None
         cached = self._windows.get(task.conversation_id, history_tokens)
         known = cached.last_seq if cached else 0
+        hold = self._leases.holds.get(task.conversation_id) if task.runner else None
 
-        async def work(db: asyncpg.Connection) -> list[Any]:
+        async def work(db: _Db) -> list[Any]:
             stamp = _time.now()
-            for _ in range(2):
+            for attempt in range(2):
                 try:
                     rows = await db.fetch(
                         _BEGIN, task.user_id, dumps(Profile(task.user_id).to_dict()), stamp,
                         task.conversation_id, dumps(conversation_data), task.task_id,
                         _put_text(task.query), dumps(task.workspace), task.version,
-                        task.runner, 1 if task.runner else 0, key,
+                        task.runner, 1 if task.runner else 0,
+                        self.lease if task.runner else None,
                         [m["role"] for m in messages],
                         [_put_text(m["content"]) for m in messages],
                         [m.get("task_id") for m in messages],
@@ -1015,23 +1205,30 @@ class PostgresStore:
                         [m.get("created_at") or stamp.isoformat() for m in messages],
                         [m.get("id") for m in messages],
                         known, 0 if history_tokens is None else _MESSAGE_BATCH,
-                        dumps(task.settings), _turns(messages),
+                        dumps(task.settings), None if hold is None else hold[1],
+                        _turns(messages),
                     )
                 except driver.exceptions.UniqueViolationError as exc:
-                    raise ConflictError(
-                        f"task {task.task_id!r} already exists; start tasks with a new id"
-                    ) from exc
+                    if exc.constraint_name != "conversations_pkey":
+                        raise ConflictError(
+                            f"task {task.task_id!r} already exists; start tasks with a new id"
+                        ) from exc
+                    if attempt:  # there, yet not visible to this user: another user's
+                        raise NotFoundError(
+                            no_conversation(task.conversation_id, task.user_id)) from exc
+                    continue  # another process created this new conversation meanwhile
                 if any(row["kind"] == 3 for row in rows):
                     raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
+                if any(row["kind"] == 4 for row in rows):
+                    raise hold_lost(task.conversation_id)
                 if any(row["kind"] == 0 for row in rows):
                     return rows
-                # Another process created this new conversation meanwhile: it exists now.
             raise ConflictError(
                 f"conversation {task.conversation_id!r} kept changing while starting a task; "
                 "nothing was written: retry"
             )
 
-        rows = await self._use("starting a task", work, transaction=False)
+        rows = await self._use("starting a task", work, user=task.user_id, transaction=False)
         head = next(row for row in rows if row["kind"] == 0)
         for offset, message in enumerate(messages, start=1):
             message["seq"] = head["seq"] + offset
@@ -1041,7 +1238,7 @@ class PostgresStore:
             head["seq"] + len(messages), head["updated"],
         )
         if task.runner is not None:
-            self._leases[task.task_id] = (task.runner, 1)
+            self._leases.hold_task(task.task_id, task.runner, 1, task.conversation_id)
         if history_tokens is not None:
             recent = self._windows.update(
                 task.conversation_id, history_tokens, cached, rows, messages
@@ -1056,99 +1253,85 @@ class PostgresStore:
         return conversation
 
     async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
-        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
-            rows = await db.fetch(
-                "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at, m.message_id "
-                "FROM conversation_messages m JOIN conversations c USING (conversation_id) "
-                "WHERE m.task_id = $1 AND c.user_id = $2 ORDER BY m.seq",
-                task_id, user_id,
-            )
-            return [_message(row) for row in rows]
+        async def work(db: _Db) -> list[dict[str, Any]]:
+            return [_message(row) for row in await db.fetch(_TASK_MESSAGES, task_id, user_id)]
 
-        return await self._read("loading a task's messages", work)
+        return await self._read("loading a task's messages", work, user=user_id)
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
-        async def work(db: asyncpg.Connection) -> TaskRecord:
-            row = await db.fetchrow(_TASK_COLUMNS + " WHERE " + _TASK_KEY, task_id, user_id)
+        async def work(db: _Db) -> TaskRecord:
+            row = await db.fetchrow(_LOAD_TASK, task_id, user_id)
             if row is None:
                 raise NotFoundError(_no_task(task_id, user_id))
             task = task_record(row, _get_text)
             task.pending_approvals = (await _approvals(db, [task_id], "pending")).get(task_id, [])
             return task
 
-        return await self._use("loading a task", work, write=False)
+        return await self._use("loading a task", work, user=user_id, write=False)
 
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
-        async def work(db: asyncpg.Connection) -> list[TaskRecord]:
-            if user_id is None:
-                rows = await db.fetch(_TASK_COLUMNS + " ORDER BY updated_at, task_id")
-            else:
-                rows = await db.fetch(
-                    _TASK_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, task_id", user_id
-                )
+        async def work(db: _Db) -> list[TaskRecord]:
+            rows = await (db.fetch(_ALL_TASKS) if user_id is None
+                          else db.fetch(_USERS_TASKS, user_id))
             tasks = [task_record(row, _get_text) for row in rows]
             waiting = await _approvals(db, [task.task_id for task in tasks], "pending")
             for task in tasks:
                 task.pending_approvals = waiting.get(task.task_id, [])
             return tasks
 
-        return await self._use("listing tasks", work, write=False)
+        if user_id is None:  # every user's (the CLI's `cogency tasks`)
+            return await self._use("listing tasks", work, scope="all_tasks", write=False)
+        return await self._use("listing tasks", work, user=user_id, write=False)
 
     async def load_approvals(
         self, task_id: str, user_id: str, status: str | None = None
     ) -> list[dict[str, Any]]:
-        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+        async def work(db: _Db) -> list[dict[str, Any]]:
             await _owned_task(db, task_id, user_id)
             return (await _approvals(db, [task_id], status)).get(task_id, [])
 
-        return await self._use("loading approvals", work, write=False)
+        return await self._use("loading approvals", work, user=user_id, write=False)
 
     async def decide_approvals(
         self, task_id: str, user_id: str, decisions: Mapping[str, bool | str]
     ) -> list[dict[str, Any]]:
-        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+        async def work(db: _Db) -> list[dict[str, Any]]:
             await _owned_task(db, task_id, user_id)
             # Locks the task's calls: a second decider waits, then sees them decided.
-            rows = await db.fetch(
-                "SELECT call_id, status, decider FROM task_approvals WHERE " + _TASK_KEY
-                + " FOR UPDATE", task_id, user_id,
-            )
+            rows = await db.fetch(_LOCK_APPROVALS, task_id, user_id)
             updates = check_decisions(task_id, {row[0]: (row[1], row[2]) for row in rows},
                                       decisions)
             stamp = _time.now().isoformat()
             await db.executemany(
-                "UPDATE task_approvals SET status = $1, output = $2, decided_at = $3 "
-                "WHERE task_id = $4 AND call_id = $5 AND status = 'pending'",
+                _DECIDE,
                 [(status, _put_text(output) if output is not None else None, stamp, task_id,
                   call_id) for status, output, call_id in updates],
             )
             decided = (await _approvals(db, [task_id])).get(task_id, [])
             return [call for call in decided if call["id"] in decisions]
 
-        return await self._use("deciding approvals", work)
+        return await self._use("deciding approvals", work, user=user_id)
 
     async def start_approvals(self, task_id: str, user_id: str, call_ids: Sequence[str]) -> None:
-        async def work(db: asyncpg.Connection) -> None:
-            started = await db.fetchval(
-                "WITH started AS (UPDATE task_approvals SET status = 'running' "
-                "WHERE " + _TASK_KEY + " AND call_id = ANY($3::text[]) "
-                "AND status = 'approved' RETURNING 1) SELECT count(*) FROM started",
-                task_id, user_id, list(call_ids),
-            )
+        async def work(db: _Db) -> None:
+            started = await db.fetchval(_START_APPROVALS, task_id, user_id, list(call_ids))
             if started != len(set(call_ids)):
                 raise ConflictError(
                     f"calls {', '.join(call_ids)} of task {task_id!r} are not all approved and "
                     "waiting to run (another runner may have started them); nothing was started"
                 )
 
-        await self._use("starting approved calls", work)
+        await self._use("starting approved calls", work, user=user_id)
 
     async def save(self, batch: SaveBatch) -> int:
-        check = batch.workspace is not None or batch.complete or batch.epoch is not None
+        fence = self._leases.fence(batch.task_id)
+        hold = None if fence is None else fence[1]
+        check = batch.workspace is not None or batch.complete or batch.epoch is not None \
+            or hold is not None
         messages = batch.messages
 
-        async def work(db: asyncpg.Connection) -> int:
-            # One statement, so one round trip and atomic without BEGIN/COMMIT: the fence, the
+        async def work(db: _Db) -> int:
+            # One statement, so one round trip and atomic without BEGIN/COMMIT: the fences, the
             # version check and the writes. A second writer of this task waits for the first
             # one's row lock, then finds the row moved on.
             stamp = _time.now()
@@ -1165,10 +1348,12 @@ class PostgresStore:
                     [m.get("created_at") or stamp.isoformat() for m in messages],
                     [m.get("id") for m in messages],
                     None if batch.profile is None else dumps(batch.profile.to_dict()),
-                    _turns(messages),
+                    hold, _turns(messages),
                 )
                 if any(row["kind"] == 0 for row in rows):
                     break
+                if any(row["kind"] == 3 for row in rows):
+                    raise hold_lost(batch.conversation_id)
                 if not check:
                     raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
                 landed = await _save_problem(db, batch)
@@ -1183,51 +1368,41 @@ class PostgresStore:
         if not batch.complete:
             # A step that pauses for approval, or settles decided calls, also writes
             # task_approvals: one transaction then, so both land or neither.
-            return await self._use("saving a task", work, idempotent=True,
+            return await self._use("saving a task", work, user=batch.user_id, idempotent=True,
                                    transaction=bool(batch.approvals or batch.settled))
         try:
-            return await self._use("completing a task", work, transaction=False, idempotent=True)
+            return await self._use("completing a task", work, user=batch.user_id,
+                                   transaction=False, idempotent=True)
         finally:
             # A completed task needs no runner; one whose completion failed is released by
             # its runner.
-            self._leases.pop(batch.task_id, None)
+            self._leases.drop_task(batch.task_id)
 
     # -- conversations --------------------------------------------------------------------
 
     async def load_conversation(self, conversation_id: str, user_id: str) -> ConversationRecord:
-        async def work(db: asyncpg.Connection) -> ConversationRecord:
-            row = await db.fetchrow(
-                _CONVERSATION_COLUMNS + " WHERE conversation_id = $1 AND user_id = $2",
-                conversation_id, user_id,
-            )
+        async def work(db: _Db) -> ConversationRecord:
+            row = await db.fetchrow(_LOAD_CONVERSATION, conversation_id, user_id)
             if row is None:
                 raise NotFoundError(no_conversation(conversation_id, user_id))
             return conversation_record(row)
 
-        return await self._read("loading a conversation", work)
+        return await self._read("loading a conversation", work, user=user_id)
 
     async def list_conversations(
         self, user_id: str, *, limit: int | None = None
     ) -> list[ConversationRecord]:
-        async def work(db: asyncpg.Connection) -> list[ConversationRecord]:
-            rows = await db.fetch(
-                _CONVERSATION_COLUMNS + " WHERE user_id = $1 "
-                "ORDER BY updated_at DESC, conversation_id LIMIT $2",
-                user_id, limit,
-            )
+        async def work(db: _Db) -> list[ConversationRecord]:
+            rows = await db.fetch(_LIST_CONVERSATIONS, user_id, limit)
             return [conversation_record(row) for row in rows]
 
-        return await self._read("listing conversations", work)
+        return await self._read("listing conversations", work, user=user_id)
 
     async def find_conversation_by_turns(self, user_id: str, digest: str) -> str | None:
-        async def work(db: asyncpg.Connection) -> str | None:
-            return cast("str | None", await db.fetchval(
-                "SELECT conversation_id FROM conversations WHERE user_id = $1 AND "
-                "turns_digest = $2 ORDER BY updated_at DESC, conversation_id LIMIT 1",
-                user_id, digest,
-            ))
+        async def work(db: _Db) -> str | None:
+            return cast("str | None", await db.fetchval(_BY_TURNS, user_id, digest))
 
-        return await self._read("finding a conversation by its turns", work)
+        return await self._read("finding a conversation by its turns", work, user=user_id)
 
     async def load_messages(
         self,
@@ -1237,7 +1412,7 @@ class PostgresStore:
         token_budget: int | None = None,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        async def work(db: asyncpg.Connection) -> list[dict[str, Any]]:
+        async def work(db: _Db) -> list[dict[str, Any]]:
             # Newest first, a page at a time: a long history is read only as far as the window
             # reaches, and the usual window takes one round trip. Messages are only appended,
             # so pages by seq need no snapshot.
@@ -1257,243 +1432,62 @@ class PostgresStore:
                     return fit.picked[::-1]
                 below = fit.picked[-1]["seq"]
 
-        return await self._read("loading messages", work)
+        return await self._read("loading messages", work, user=user_id)
 
     # -- profiles -------------------------------------------------------------------------
 
     async def load_profile(self, user_id: str) -> Profile | None:
-        async def work(db: asyncpg.Connection) -> Profile | None:
-            text = await db.fetchval(
-                "SELECT profile_data::text FROM user_profiles WHERE user_id = $1", user_id
-            )
+        async def work(db: _Db) -> Profile | None:
+            text = await db.fetchval(_LOAD_PROFILE, user_id)
             return None if text is None else decode_profile(text, user_id)
 
-        return await self._read("loading a profile", work)
+        return await self._read("loading a profile", work, user=user_id)
 
     async def update_profile(
         self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
     ) -> Profile:
-        async def work(db: asyncpg.Connection) -> Profile:
+        async def work(db: _Db) -> Profile:
             if generation is not None:
                 # Locks the user's generation row (made if missing) until commit; forget_user
                 # takes the same lock first, so one of the two waits for the other to finish,
                 # and the value read here is the latest committed one.
-                now = await db.fetchval(
-                    "INSERT INTO user_generations (user_key, generation) VALUES ($1, 0) "
-                    "ON CONFLICT (user_key) DO UPDATE SET generation = "
-                    "user_generations.generation RETURNING generation",
-                    generation_key(user_id),
-                )
+                now = await db.fetchval(_LOCK_GENERATION, generation_key(user_id))
                 if now != generation:
                     raise ForgottenError(user_id)
             stamp = _time.now()
             # Create the row first so that concurrent updaters of a new profile also queue on
             # its lock instead of both starting from an empty profile.
             text = await db.fetchval(
-                "WITH created AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
-                "VALUES ($1, $2, $3) ON CONFLICT (user_id) DO NOTHING RETURNING profile_data) "
-                "SELECT profile_data::text FROM created",
-                user_id, dumps(Profile(user_id).to_dict()), stamp,
-            )
+                _CREATE_PROFILE, user_id, dumps(Profile(user_id).to_dict()), stamp)
             if text is None:
-                text = await db.fetchval(
-                    "SELECT profile_data::text FROM user_profiles WHERE user_id = $1 FOR UPDATE",
-                    user_id,
-                )
+                text = await db.fetchval(_LOCK_PROFILE, user_id)
             profile = decode_profile(text, user_id)
             apply(profile)
             profile.enforce_bounds()
             await _put_profile(db, profile, stamp)
             return profile
 
-        return await self._use("updating a profile", work)
+        return await self._use("updating a profile", work, user=user_id)
 
     async def forget_user(self, user_id: str) -> None:
-        async def work(db: asyncpg.Connection) -> None:
+        async def work(db: _Db) -> None:
             # First: from here on, learning that began before waits for this transaction and
             # then sees the new generation (see update_profile).
-            await db.execute(
-                "INSERT INTO user_generations (user_key, generation) VALUES ($1, 1) "
-                "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation + 1",
-                generation_key(user_id),
-            )
+            await db.fetch(_BUMP_GENERATION, generation_key(user_id))
             # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
             # explicit deletes also cover rows written before the cascades existed.
-            await db.execute(
-                "DELETE FROM conversation_messages WHERE conversation_id IN "
-                "(SELECT conversation_id FROM conversations WHERE user_id = $1)",
-                user_id,
-            )
-            await db.execute("DELETE FROM task_workspaces WHERE user_id = $1", user_id)
-            await db.execute("DELETE FROM conversations WHERE user_id = $1", user_id)
-            await db.execute("DELETE FROM user_profiles WHERE user_id = $1", user_id)
-            await db.execute("DELETE FROM idempotency_keys WHERE user_id = $1", user_id)
+            for statement in _FORGET:
+                await db.fetch(statement, user_id)
 
-        await self._use("forgetting a user", work)
+        await self._use("forgetting a user", work, user=user_id)
         self._windows.clear()
 
     async def user_generation(self, user_id: str) -> int:
-        async def work(db: asyncpg.Connection) -> int:
-            value = await db.fetchval(
-                "SELECT generation FROM user_generations WHERE user_key = $1",
-                generation_key(user_id),
-            )
+        async def work(db: _Db) -> int:
+            value = await db.fetchval(_GENERATION, generation_key(user_id))
             return 0 if value is None else int(value)
 
-        return await self._read("reading a user's generation", work)
-
-
-# -- row helpers ----------------------------------------------------------------------------
-
-_TASK_COLUMNS = (
-    "SELECT task_id, user_id, conversation_id, query, workspace_data::text, version, runner, "
-    "updated_at, epoch, settings FROM task_workspaces"
-)
-_CONVERSATION_COLUMNS = (
-    "SELECT conversation_id, user_id, conversation_data::text, message_count, updated_at "
-    "FROM conversations"
-)
-
-
-_PAGE = (
-    # The conversation's row (so a missing or foreign one is told apart from an empty one)
-    # and up to $4 of its messages below seq $3, newest first.
-    "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at, m.message_id "
-    "FROM conversations c LEFT JOIN LATERAL (SELECT seq, role, content, task_id, tokens, "
-    "created_at, message_id "
-    "FROM conversation_messages WHERE conversation_id = c.conversation_id "
-    "AND ($3::int IS NULL OR seq < $3::int) ORDER BY seq DESC LIMIT $4) m ON true "
-    "WHERE c.conversation_id = $1 AND c.user_id = $2 ORDER BY m.seq DESC"
-)
-
-
-def _no_task(task_id: str, user_id: str) -> str:
-    return (
-        f"no unfinished task {task_id!r} for user {user_id!r} "
-        "(it may have completed; `cogency tasks` lists the unfinished ones)"
-    )
-
-
-async def _owned_task(db: asyncpg.Connection, task_id: str, user_id: str) -> None:
-    if await db.fetchval(
-        "SELECT 1 FROM task_workspaces WHERE " + _TASK_KEY, task_id, user_id
-    ) is None:
-        raise NotFoundError(_no_task(task_id, user_id))
-
-
-async def _approvals(
-    db: asyncpg.Connection, task_ids: Sequence[str], status: str | None = None
-) -> dict[str, list[dict[str, Any]]]:
-    """The approval rows of these tasks (in ``status`` when given), by task, in order."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    if not task_ids:
-        return found
-    rows = await db.fetch(
-        f"SELECT {APPROVAL_COLUMNS.replace('call_data', 'call_data::text')} "
-        "FROM task_approvals WHERE task_id = ANY($1::text[]) "
-        "AND ($2::text IS NULL OR status = $2::text) ORDER BY task_id, position",
-        list(task_ids), status,
-    )
-    for row in rows:
-        call = approval_record(row)
-        if call["output"] is not None:
-            call["output"] = _get_text(call["output"])
-        found.setdefault(row[1], []).append(call)
-    return found
-
-
-async def _record_approvals(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> None:
-    if batch.approvals:
-        last = await db.fetchval(
-            "SELECT COALESCE(MAX(position), 0) FROM task_approvals WHERE task_id = $1",
-            batch.task_id,
-        )
-        await db.executemany(
-            # ON CONFLICT: a save retried after an unknown outcome stores each call once.
-            "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, "
-            "status, created_at, decider) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7) "
-            "ON CONFLICT (task_id, call_id) DO NOTHING",
-            [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call),
-              stamp.isoformat(), call.get("decider", "person"))
-             for number, call in enumerate(batch.approvals, start=1)],
-        )
-    if batch.settled:
-        await db.execute(
-            "UPDATE task_approvals SET status = 'done' WHERE task_id = $1 "
-            "AND call_id = ANY($2::text[])",
-            batch.task_id, list(batch.settled),
-        )
-
-
-async def _keep_session(db: asyncpg.Connection) -> None:
-    """Pool reset: nothing to undo (no session state is set on pool connections; the leases
-    live on their own), so the default reset's round trip per release is saved. The pool
-    still rolls back a transaction left open."""
-
-
-async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime) -> None:
-    await db.execute(
-        "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES ($1, $2, $3) "
-        "ON CONFLICT (user_id) DO UPDATE SET profile_data = excluded.profile_data, "
-        "updated_at = excluded.updated_at",
-        profile.user_id, dumps(profile.to_dict()), stamp,
-    )
-
-
-_CHAIN = (
-    # The turns digest {old} with the turns among the messages {new} added (base.chain_turns).
-    "CASE WHEN EXISTS (SELECT 1 FROM {new} WHERE turn IS NOT NULL) THEN cogency_chain_turns("
-    "{old}, ARRAY(SELECT turn FROM {new} WHERE turn IS NOT NULL ORDER BY ord)) ELSE {old} END"
-)
-_BEGIN = (
-    # $1 user, $2 a default profile, $3 stamp, $4 conversation, $5 its data if new, $6-$12 the
-    # task row, $13-$18 its first messages, $19 the last seq this store saw of the conversation,
-    # $20 how many newer messages to return (newest first). Rows: kind 0 the conversation
-    # (data, seq before the first new message, updated_at) when the task was stored; kind 1 the
-    # messages after $19 as they were before this statement; kind 2 the created_at of seq $19
-    # (to check a cached window); kind 3 when the conversation is another user's. $21 the
-    # task's settings, $22 each message's turn hash (base.turn_hash; NULL: no turn).
-    "WITH existing AS (SELECT user_id, conversation_data::text AS data, updated_at "
-    "FROM conversations WHERE conversation_id = $4), "
-    "mine AS (SELECT 1 FROM existing WHERE user_id = $1), "
-    "profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
-    "SELECT $1, $2::json, $3 WHERE NOT EXISTS (SELECT 1 FROM existing WHERE user_id <> $1) "
-    "ON CONFLICT (user_id) DO NOTHING), "
-    "m AS (SELECT * FROM unnest($13::text[], $14::text[], $15::text[], $16::int[], "
-    "$17::text[], $18::text[], $22::text[]) WITH ORDINALITY "
-    "AS m(role, content, task_id, tokens, created_at, message_id, turn, ord)), "
-    "created AS (INSERT INTO conversations (conversation_id, user_id, conversation_data, "
-    "updated_at, message_count, turns_digest) SELECT $4, $1, $5::json, $3, "
-    "(SELECT count(*) FROM m), " + _CHAIN.format(old="NULL", new="m") + " "
-    "WHERE NOT EXISTS (SELECT 1 FROM existing) ON CONFLICT (conversation_id) DO NOTHING "
-    "RETURNING conversation_data::text AS data, 0::bigint AS base, updated_at), "
-    "counter AS (UPDATE conversations SET message_count = message_count + "
-    "(SELECT count(*) FROM m), updated_at = CASE WHEN EXISTS (SELECT 1 FROM m) THEN $3 "
-    "ELSE updated_at END, turns_digest = " + _CHAIN.format(old="turns_digest", new="m") + " "
-    "WHERE conversation_id = $4 AND EXISTS (SELECT 1 FROM mine) "
-    "RETURNING message_count - (SELECT count(*) FROM m) AS base, updated_at), "
-    "conv AS (SELECT data, base, updated_at FROM created UNION ALL "
-    "SELECT e.data, c.base, c.updated_at FROM existing e, counter c), "
-    "task AS (INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
-    "workspace_data, version, runner, updated_at, epoch, lease_holder, settings) "
-    "SELECT $6, $1, $4, $7, $8::json, $9::int, $10::text, $3, $11::int, $12::bigint, "
-    "$21::text FROM conv RETURNING 1), "
-    "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
-    "tokens, created_at, message_id) SELECT $4, conv.base + m.ord, m.role, m.content, "
-    "m.task_id, m.tokens, m.created_at, m.message_id FROM conv, m "
-    "WHERE EXISTS (SELECT 1 FROM task)) "
-    "SELECT 0 AS kind, base::int AS seq, NULL AS role, NULL AS content, NULL AS task_id, "
-    "NULL::int AS tokens, NULL AS created_at, NULL AS message_id, data, updated_at AS updated "
-    "FROM conv WHERE EXISTS (SELECT 1 FROM task) "
-    "UNION ALL (SELECT 1, seq, role, content, task_id, tokens, created_at, message_id, NULL, "
-    "NULL FROM conversation_messages WHERE conversation_id = $4 AND seq > $19::int "
-    "AND EXISTS (SELECT 1 FROM mine) ORDER BY seq DESC LIMIT $20::int) "
-    "UNION ALL SELECT 2, seq, NULL, NULL, NULL, NULL, created_at, NULL, NULL, NULL "
-    "FROM conversation_messages WHERE conversation_id = $4 AND seq = $19::int "
-    "AND EXISTS (SELECT 1 FROM mine) "
-    "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
-    "FROM existing WHERE user_id <> $1"
-)
+        return await self._read("reading a user's generation", work, user=user_id)
 
 
 class _Windows(Windows):
@@ -1510,7 +1504,8 @@ class _Windows(Windows):
     ) -> History | None:
         """The window after ``begin_task`` stored ``added``, from the cached one and the newer
         ``rows``; ``None`` when it cannot be told from them (read it afresh)."""
-        newer = [_message(tuple(row)[1:8]) for row in rows if row["kind"] == 1]  # newest first
+        newer = sorted((_message(tuple(row)[1:8]) for row in rows if row["kind"] == 1),
+                       key=lambda message: -message["seq"])  # newest first
         stamp = next((row["created_at"] for row in rows if row["kind"] == 2), None)
         fresh = [*reversed(newer), *({**m, "tokens": m.get("tokens", 0)} for m in added)]
         seqs = [m["seq"] for m in fresh]
@@ -1543,27 +1538,397 @@ class _Windows(Windows):
             budget, reversed(messages), newest["seq"], newest.get("created_at") or ""))
 
 
-_SAVE = (
+
+
+# -- statements (each a _Sql: it sets its scope and settings first) ------------------------
+
+_TASK_COLUMNS = (
+    "SELECT task_id, user_id, conversation_id, query, workspace_data::text, version, runner, "
+    "updated_at, epoch, settings FROM task_workspaces"
+)
+_CONVERSATION_COLUMNS = (
+    "SELECT conversation_id, user_id, conversation_data::text, message_count, updated_at "
+    "FROM conversations"
+)
+_KEY_COLUMNS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
+_LEASE_END = "now() + make_interval(secs => {}::float8)"
+"""When a lease taken now lapses, by the server's clock (one clock for every host)."""
+
+_LOAD_TASK = _Sql(_TASK_COLUMNS + " WHERE " + _TASK_KEY)
+_USERS_TASKS = _Sql(_TASK_COLUMNS + " WHERE user_id = $1", order="updated_at, task_id")
+_ALL_TASKS = _Sql(_TASK_COLUMNS, order="updated_at, task_id")
+_OWNED = _Sql("SELECT 1 AS owned FROM task_workspaces WHERE " + _TASK_KEY)
+_TASK_MESSAGES = _Sql(
+    "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at, m.message_id "
+    "FROM conversation_messages m JOIN conversations c USING (conversation_id) "
+    "WHERE m.task_id = $1 AND c.user_id = $2",
+    order="seq",
+)
+_APPROVALS = _Sql(
+    f"SELECT {APPROVAL_COLUMNS.replace('call_data', 'call_data::text')}, position "
+    "FROM task_approvals WHERE task_id = ANY($1::text[]) "
+    "AND ($2::text IS NULL OR status = $2::text)",
+    order="task_id, position",
+)
+_LOCK_APPROVALS = _Sql(
+    "SELECT call_id, status, decider FROM task_approvals WHERE " + _TASK_KEY + " FOR UPDATE")
+_DECIDE = _Sql(
+    "UPDATE task_approvals SET status = $1, output = $2, decided_at = $3 "
+    "WHERE task_id = $4 AND call_id = $5 AND status = 'pending' RETURNING 1 AS decided")
+_START_APPROVALS = _Sql(
+    "SELECT count(*) FROM started",
+    ctes="started AS (UPDATE task_approvals SET status = 'running' WHERE " + _TASK_KEY
+    + " AND call_id = ANY($3::text[]) AND status = 'approved' RETURNING 1)",
+)
+_LAST_POSITION = _Sql(
+    "SELECT COALESCE(MAX(position), 0) FROM task_approvals WHERE task_id = $1")
+_ADD_APPROVAL = _Sql(
+    # ON CONFLICT: a save retried after an unknown outcome stores each call once.
+    "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, "
+    "status, created_at, decider) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7) "
+    "ON CONFLICT (task_id, call_id) DO NOTHING RETURNING 1 AS added")
+_SETTLE = _Sql(
+    "SELECT count(*) FROM settled",
+    ctes="settled AS (UPDATE task_approvals SET status = 'done' WHERE task_id = $1 "
+    "AND call_id = ANY($2::text[]) RETURNING 1)",
+)
+_SAVE_STATE = _Sql("SELECT version, epoch, last_save FROM task_workspaces WHERE " + _TASK_KEY)
+_STORED = _Sql(
+    "SELECT count(*) FROM conversation_messages WHERE conversation_id = $1 "
+    "AND message_id = ANY($2::text[])")
+
+_CLAIM = _Sql(
+    # The task's holder before (row absent: not this user's task) and the epoch taken, when
+    # it was free: no runner, a lapsed lease, or $4, a holder the caller found dead.
+    "SELECT old.runner, old.epoch, old.lease_until, old.conversation_id, "
+    "(SELECT epoch FROM taken) AS taken, now() AS now FROM old",
+    ctes="old AS (SELECT task_id, runner, epoch, lease_until, conversation_id "
+    "FROM task_workspaces WHERE " + _TASK_KEY + " FOR UPDATE), "
+    "taken AS (UPDATE task_workspaces t SET runner = $3, epoch = t.epoch + 1, "
+    "lease_until = " + _LEASE_END.format("$5") + " FROM old WHERE t.task_id = old.task_id "
+    "AND old.runner IS DISTINCT FROM $3 AND (old.runner IS NULL OR old.runner = $4::text "
+    "OR old.lease_until IS NULL OR old.lease_until <= now()) RETURNING t.epoch)",
+)
+_RELEASE_TASK = _Sql(
+    "UPDATE task_workspaces SET runner = NULL, lease_until = NULL "
+    "WHERE task_id = (SELECT task_id FROM task_workspaces WHERE task_id = $1 "
+    "AND runner = $2 FOR UPDATE SKIP LOCKED) RETURNING 1 AS released")  # never waits to let go
+_FORCE_RELEASE = _Sql(
+    "SELECT old.runner, old.conversation_id FROM old, moved",
+    ctes="old AS (SELECT task_id, runner, conversation_id FROM task_workspaces "
+    "WHERE " + _TASK_KEY + " FOR UPDATE), "
+    "moved AS (UPDATE task_workspaces t SET runner = NULL, lease_until = NULL, "
+    "epoch = t.epoch + 1 FROM old WHERE t.task_id = old.task_id RETURNING 1)",
+)
+_CLEAR_HOLD = _Sql(
+    # The conversation's hold, if a run of process $2 (its runner's prefix) has it.
+    "UPDATE conversation_runs SET runner = NULL, lease_until = NULL, epoch = epoch + 1 "
+    "WHERE conversation_id = $1 AND left(runner, length($2::text)) = $2::text "
+    "RETURNING 1 AS cleared")
+_HOLD = _Sql(
+    # The conversation's owner, the hold taken (its epoch) when it was free (no runner, a
+    # lapsed lease, or $4, a holder the caller found dead) and not another user's, and the
+    # holder before.
+    "SELECT (SELECT user_id FROM owner) AS owner, (SELECT epoch FROM taken) AS taken, "
+    "old.user_id AS holder_user, old.runner AS holder, old.epoch, old.lease_until, "
+    "now() AS now FROM (SELECT 1) one LEFT JOIN old ON true",
+    ctes="owner AS (SELECT user_id FROM conversations WHERE conversation_id = $1), "
+    "old AS (SELECT user_id, runner, epoch, lease_until FROM conversation_runs "
+    "WHERE conversation_id = $1 FOR UPDATE), "
+    "taken AS (INSERT INTO conversation_runs AS r (conversation_id, user_id, runner, epoch, "
+    "lease_until, started_at) SELECT $1, $2, $3, 1, " + _LEASE_END.format("$5") + ", now() "
+    "WHERE NOT EXISTS (SELECT 1 FROM owner WHERE user_id <> $2) "
+    "ON CONFLICT (conversation_id) DO UPDATE SET user_id = excluded.user_id, "
+    "runner = excluded.runner, epoch = r.epoch + 1, lease_until = excluded.lease_until, "
+    "started_at = excluded.started_at WHERE r.runner IS NULL OR r.runner = $4::text "
+    "OR r.lease_until IS NULL OR r.lease_until <= now() RETURNING r.epoch)",
+)
+_RELEASE_HOLD = _Sql(
+    "UPDATE conversation_runs SET runner = NULL, lease_until = NULL "
+    "WHERE conversation_id = $1 AND runner = $2 RETURNING 1 AS released")
+_RENEW = _Sql(
+    # Extends the leases still held as given (task ids, runners, epochs; then conversations');
+    # returns those extended (kind 0 tasks, kind 1 conversations).
+    "SELECT 0 AS kind, task_id AS id FROM t UNION ALL SELECT 1, conversation_id FROM c",
+    ctes="t AS (UPDATE task_workspaces w SET lease_until = " + _LEASE_END.format("$7")
+    + " FROM unnest($1::text[], $2::text[], $3::int[]) AS h(task_id, runner, epoch) "
+    "WHERE w.task_id = h.task_id AND w.runner = h.runner AND w.epoch = h.epoch "
+    "RETURNING w.task_id), "
+    "c AS (UPDATE conversation_runs r SET lease_until = " + _LEASE_END.format("$7")
+    + " FROM unnest($4::text[], $5::text[], $6::int[]) AS h(conversation_id, runner, epoch) "
+    "WHERE r.conversation_id = h.conversation_id AND r.runner = h.runner "
+    "AND r.epoch = h.epoch RETURNING r.conversation_id)",
+)
+
+_LET_GO = _Sql(
+    "SELECT (SELECT count(*) FROM t) + (SELECT count(*) FROM c) AS released",
+    ctes="t AS (UPDATE task_workspaces w SET runner = NULL, lease_until = NULL "
+    "FROM unnest($1::text[], $2::text[]) AS h(task_id, runner) "
+    "WHERE w.task_id = h.task_id AND w.runner = h.runner RETURNING 1), "
+    "c AS (UPDATE conversation_runs r SET runner = NULL, lease_until = NULL "
+    "FROM unnest($3::text[], $4::text[]) AS h(conversation_id, runner) "
+    "WHERE r.conversation_id = h.conversation_id AND r.runner = h.runner RETURNING 1)",
+)
+
+_CREATE_KEY = _Sql(
+    "INSERT INTO api_keys (key_id, user_id, key_hash, name, created_at) "
+    "VALUES ($1, $2, $3, $4, $5) RETURNING 1 AS created")
+_FIND_KEY = _Sql(_KEY_COLUMNS + " WHERE key_id = $1")
+_USERS_KEYS = _Sql(_KEY_COLUMNS + " WHERE user_id = $1", order="created_at, key_id")
+_ALL_KEYS = _Sql(_KEY_COLUMNS, order="created_at, key_id")
+_REVOKE_KEY = _Sql(
+    "SELECT k.key_id, k.user_id, k.key_hash, k.name, k.created_at, "
+    "COALESCE(k.revoked_at, r.revoked_at) AS revoked_at FROM api_keys k "
+    "LEFT JOIN revoked r USING (key_id) WHERE k.key_id = $1",
+    ctes="revoked AS (UPDATE api_keys SET revoked_at = $2 WHERE key_id = $1 "
+    "AND revoked_at IS NULL RETURNING key_id, revoked_at)",
+)
+
+_LOAD_CONVERSATION = _Sql(
+    _CONVERSATION_COLUMNS + " WHERE conversation_id = $1 AND user_id = $2")
+_LIST_CONVERSATIONS = _Sql(
+    _CONVERSATION_COLUMNS + " WHERE user_id = $1 "
+    "ORDER BY updated_at DESC, conversation_id LIMIT $2",
+    order="updated_at DESC, conversation_id",
+)
+_BY_TURNS = _Sql(
+    "SELECT conversation_id FROM conversations WHERE user_id = $1 AND turns_digest = $2 "
+    "ORDER BY updated_at DESC, conversation_id LIMIT 1")
+_PAGE = _Sql(
+    # The conversation's row (so a missing or foreign one is told apart from an empty one)
+    # and up to $4 of its messages below seq $3, newest first.
+    "SELECT m.seq, m.role, m.content, m.task_id, m.tokens, m.created_at, m.message_id "
+    "FROM conversations c LEFT JOIN LATERAL (SELECT seq, role, content, task_id, tokens, "
+    "created_at, message_id "
+    "FROM conversation_messages WHERE conversation_id = c.conversation_id "
+    "AND ($3::int IS NULL OR seq < $3::int) ORDER BY seq DESC LIMIT $4) m ON true "
+    "WHERE c.conversation_id = $1 AND c.user_id = $2",
+    order="seq DESC",
+)
+
+_LOAD_PROFILE = _Sql("SELECT profile_data::text FROM user_profiles WHERE user_id = $1")
+_LOCK_PROFILE = _Sql(
+    "SELECT profile_data::text FROM user_profiles WHERE user_id = $1 FOR UPDATE")
+_CREATE_PROFILE = _Sql(
+    "SELECT profile_data::text FROM created",
+    ctes="created AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+    "VALUES ($1, $2, $3) ON CONFLICT (user_id) DO NOTHING RETURNING profile_data)",
+)
+_PUT_PROFILE = _Sql(
+    "INSERT INTO user_profiles (user_id, profile_data, updated_at) VALUES ($1, $2, $3) "
+    "ON CONFLICT (user_id) DO UPDATE SET profile_data = excluded.profile_data, "
+    "updated_at = excluded.updated_at RETURNING 1 AS put")
+_GENERATION = _Sql("SELECT generation FROM user_generations WHERE user_key = $1")
+_LOCK_GENERATION = _Sql(
+    "INSERT INTO user_generations (user_key, generation) VALUES ($1, 0) "
+    "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation "
+    "RETURNING generation")
+_BUMP_GENERATION = _Sql(
+    "INSERT INTO user_generations (user_key, generation) VALUES ($1, 1) "
+    "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation + 1 "
+    "RETURNING generation")
+_FORGET = tuple(
+    _Sql("SELECT count(*) FROM gone", ctes=f"gone AS ({delete} RETURNING 1)")
+    for delete in (
+        "DELETE FROM conversation_messages WHERE conversation_id IN "
+        "(SELECT conversation_id FROM conversations WHERE user_id = $1)",
+        "DELETE FROM task_workspaces WHERE user_id = $1",
+        "DELETE FROM conversation_runs WHERE user_id = $1",
+        "DELETE FROM conversations WHERE user_id = $1",
+        "DELETE FROM user_profiles WHERE user_id = $1",
+        "DELETE FROM idempotency_keys WHERE user_id = $1",
+    )
+)
+
+
+_REQUEST_COLUMNS = (
+    "SELECT user_id, key_hash, request_hash, expires_at, task_id, conversation_id, outcome "
+    "FROM idempotency_keys"
+)
+_SWEEP_REQUESTS = _Sql(
+    # The user's expired keys (under row-level security a statement sees only its user's).
+    "SELECT count(*) FROM gone",
+    ctes="gone AS (DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(SELECT ctid FROM "
+    "idempotency_keys WHERE user_id = $1 AND expires_at < now() LIMIT 100)) RETURNING 1)",
+)
+_CLAIM_REQUEST = _Sql(
+    "INSERT INTO idempotency_keys AS k (user_id, key_hash, request_hash, task_id, "
+    "conversation_id, outcome, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) "
+    "ON CONFLICT (user_id, key_hash) DO UPDATE SET request_hash = "
+    "excluded.request_hash, task_id = excluded.task_id, conversation_id = "
+    "excluded.conversation_id, outcome = excluded.outcome, expires_at = "
+    "excluded.expires_at WHERE $8 OR k.expires_at < now() RETURNING 1 AS claimed")
+_FIND_REQUEST = _Sql(_REQUEST_COLUMNS + " WHERE user_id = $1 AND key_hash = $2")
+_SETTLE_REQUEST = _Sql(
+    "UPDATE idempotency_keys SET task_id = COALESCE($3, task_id), conversation_id "
+    "= COALESCE($4, conversation_id), outcome = COALESCE($5, outcome) "
+    "WHERE user_id = $1 AND key_hash = $2 RETURNING 1 AS settled")
+_DROP_REQUEST = _Sql(
+    "DELETE FROM idempotency_keys WHERE user_id = $1 AND key_hash = $2 RETURNING 1 AS dropped")
+
+
+def _request(row: Any) -> RequestRecord:
+    user_id, key, request, expires, task_id, conversation_id, outcome = row
+    return RequestRecord(
+        user_id, key, request, expires, task_id, conversation_id,
+        None if outcome is None else decode(outcome, "idempotency_keys", key, "outcome"),
+    )
+
+
+def _turns(messages: Sequence[dict[str, Any]]) -> list[str | None]:
+    """Each message's turn hash, for the turns digest of its conversation."""
+    return [turn_hash(m["role"], m["content"]) for m in messages]
+
+
+def _no_task(task_id: str, user_id: str) -> str:
+    return (
+        f"no unfinished task {task_id!r} for user {user_id!r} "
+        "(it may have completed; `cogency tasks` lists the unfinished ones)"
+    )
+
+
+async def _owned_task(db: _Db, task_id: str, user_id: str) -> None:
+    if await db.fetchval(_OWNED, task_id, user_id) is None:
+        raise NotFoundError(_no_task(task_id, user_id))
+
+
+async def _approvals(
+    db: _Db, task_ids: Sequence[str], status: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The approval rows of these tasks (in ``status`` when given), by task, in order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    if not task_ids:
+        return found
+    for row in await db.fetch(_APPROVALS, list(task_ids), status):
+        call = approval_record(tuple(row)[:8])
+        if call["output"] is not None:
+            call["output"] = _get_text(call["output"])
+        found.setdefault(row[1], []).append(call)
+    return found
+
+
+async def _record_approvals(db: _Db, batch: SaveBatch, stamp: datetime) -> None:
+    if batch.approvals:
+        last = await db.fetchval(_LAST_POSITION, batch.task_id)
+        await db.executemany(
+            _ADD_APPROVAL,
+            [(batch.task_id, call["id"], batch.user_id, last + number, approval_data(call),
+              stamp.isoformat(), call.get("decider", "person"))
+             for number, call in enumerate(batch.approvals, start=1)],
+        )
+    if batch.settled:
+        await db.fetch(_SETTLE, batch.task_id, list(batch.settled))
+
+
+async def _keep_session(db: asyncpg.Connection) -> None:
+    """Pool reset: nothing to undo (no session state is set on pool connections), so the
+    default reset's round trip per release is saved. The pool still rolls back a transaction
+    left open."""
+
+
+async def _put_profile(db: _Db, profile: Profile, stamp: datetime) -> None:
+    await db.fetch(_PUT_PROFILE, profile.user_id, dumps(profile.to_dict()), stamp)
+
+
+_CHAIN = (
+    # The turns digest {old} with the turns among the messages {new} added (base.chain_turns).
+    "CASE WHEN EXISTS (SELECT 1 FROM {new} WHERE turn IS NOT NULL) THEN cogency_chain_turns("
+    "{old}, ARRAY(SELECT turn FROM {new} WHERE turn IS NOT NULL ORDER BY ord)) ELSE {old} END"
+)
+_BEGIN = _Sql(
+    # $1 user, $2 a default profile, $3 stamp, $4 conversation, $5 its data if new, $6-$11 the
+    # task row, $12 its lease in seconds (held when it has a runner), $13-$18 its first
+    # messages, $19 the last seq this store saw of the conversation, $20 how many newer
+    # messages to return (newest first), $21 the task's settings, $22 the epoch of this
+    # store's hold on the conversation (fence when set), $23 each message's turn hash
+    # (base.turn_hash; NULL: no turn). Rows: kind 0 the conversation (data,
+    # seq before the first new message, updated_at) when the task was stored; kind 1 the
+    # messages after $19 as they were before this statement; kind 2 the created_at of seq $19
+    # (to check a cached window); kind 3 when the conversation is another user's (seen when
+    # row-level security does not hide it; when it does, creating it fails on its key);
+    # kind 4 when the hold was lost (nothing written).
+    "SELECT 0 AS kind, base::int AS seq, NULL AS role, NULL AS content, NULL AS task_id, "
+    "NULL::int AS tokens, NULL AS created_at, NULL AS message_id, data, updated_at AS updated "
+    "FROM conv WHERE EXISTS (SELECT 1 FROM task) "
+    "UNION ALL (SELECT 1, seq, role, content, task_id, tokens, created_at, message_id, NULL, "
+    "NULL FROM conversation_messages WHERE conversation_id = $4 AND seq > $19::int "
+    "AND EXISTS (SELECT 1 FROM mine) ORDER BY seq DESC LIMIT $20::int) "
+    "UNION ALL SELECT 2, seq, NULL, NULL, NULL, NULL, created_at, NULL, NULL, NULL "
+    "FROM conversation_messages WHERE conversation_id = $4 AND seq = $19::int "
+    "AND EXISTS (SELECT 1 FROM mine) "
+    "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+    "FROM existing WHERE user_id <> $1 "
+    "UNION ALL SELECT 4, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+    "WHERE NOT EXISTS (SELECT 1 FROM fence)",
+    ctes="existing AS (SELECT user_id, conversation_data::text AS data, updated_at "
+    "FROM conversations WHERE conversation_id = $4), "
+    "mine AS (SELECT 1 FROM existing WHERE user_id = $1), "
+    "fence AS (SELECT 1 WHERE $22::int IS NULL OR EXISTS (SELECT 1 FROM conversation_runs "
+    "WHERE conversation_id = $4 AND epoch = $22::int)), "
+    "profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+    "SELECT $1, $2::json, $3 WHERE NOT EXISTS (SELECT 1 FROM existing WHERE user_id <> $1) "
+    "AND EXISTS (SELECT 1 FROM fence) ON CONFLICT (user_id) DO NOTHING), "
+    "m AS (SELECT * FROM unnest($13::text[], $14::text[], $15::text[], $16::int[], "
+    "$17::text[], $18::text[], $23::text[]) WITH ORDINALITY "
+    "AS m(role, content, task_id, tokens, created_at, message_id, turn, ord)), "
+    # No ON CONFLICT: a conversation made meanwhile (or another user's, hidden by row-level
+    # security) fails the statement on its key, so nothing of it is written; the store
+    # tries again once.
+    "created AS (INSERT INTO conversations (conversation_id, user_id, conversation_data, "
+    "updated_at, message_count, turns_digest) SELECT $4, $1, $5::json, $3, "
+    "(SELECT count(*) FROM m), " + _CHAIN.format(old="NULL", new="m") + " "
+    "WHERE NOT EXISTS (SELECT 1 FROM existing) AND EXISTS (SELECT 1 FROM fence) "
+    "RETURNING conversation_data::text AS data, 0::bigint AS base, updated_at), "
+    "counter AS (UPDATE conversations SET message_count = message_count + "
+    "(SELECT count(*) FROM m), updated_at = CASE WHEN EXISTS (SELECT 1 FROM m) THEN $3 "
+    "ELSE updated_at END, turns_digest = " + _CHAIN.format(old="turns_digest", new="m") + " "
+    "WHERE conversation_id = $4 AND EXISTS (SELECT 1 FROM mine) "
+    "AND EXISTS (SELECT 1 FROM fence) "
+    "RETURNING message_count - (SELECT count(*) FROM m) AS base, updated_at), "
+    "conv AS (SELECT data, base, updated_at FROM created UNION ALL "
+    "SELECT e.data, c.base, c.updated_at FROM existing e, counter c), "
+    "task AS (INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
+    "workspace_data, version, runner, updated_at, epoch, lease_until, settings) "
+    "SELECT $6, $1, $4, $7, $8::json, $9::int, $10::text, $3, $11::int, "
+    + _LEASE_END.format("$12") + ", $21::text FROM conv RETURNING 1), "
+    "ins AS (INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
+    "tokens, created_at, message_id) SELECT $4, conv.base + m.ord, m.role, m.content, "
+    "m.task_id, m.tokens, m.created_at, m.message_id FROM conv, m "
+    "WHERE EXISTS (SELECT 1 FROM task))",
+)
+
+
+_SAVE = _Sql(
     # $1 conversation, $2 stamp, $3 user, $4 task, $5 epoch (fence when set), $6 workspace
     # (written when set), $7 expected version, $8 version step, $9 save id, $10 complete,
     # $11 check the task row at all, $12-$17 the messages, $18 profile (written when set),
-    # $19 each message's turn hash (base.turn_hash; NULL: no turn).
+    # $19 the epoch of the conversation hold the task was begun under (fence when set), $20
+    # each message's turn hash (base.turn_hash; NULL: no turn).
     # Returns one row of kind 0 (the version) when it wrote, kind 1 per message stored
-    # before (a retry), kind 2 the seq before the first new message. The task row is found by
-    # its key (the owner as in _TASK_KEY).
-    "WITH conv AS (SELECT 1 FROM conversations WHERE conversation_id = $1 AND user_id = $3), "
+    # before (a retry), kind 2 the seq before the first new message, kind 3 when the hold
+    # was lost (nothing written). The task row is found by its key (the owner as in
+    # _TASK_KEY).
+    "SELECT 0 AS kind, NULL AS message_id, version AS seq FROM ok "
+    "UNION ALL SELECT 1, message_id, seq FROM old "
+    "UNION ALL SELECT 2, NULL, base FROM counter "
+    "UNION ALL SELECT 3, NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM fence)",
+    ctes="conv AS (SELECT 1 FROM conversations WHERE conversation_id = $1 AND user_id = $3), "
+    "fence AS (SELECT 1 WHERE $19::int IS NULL OR EXISTS (SELECT 1 FROM conversation_runs "
+    "WHERE conversation_id = $1 AND epoch = $19::int)), "
     "task AS (UPDATE task_workspaces SET workspace_data = COALESCE($6::json, workspace_data), "
     "version = version + $8::int, updated_at = $2, last_save = COALESCE($9::text, last_save) "
     "WHERE $11::bool AND NOT $10::bool AND task_id = $4 AND user_id IS NOT DISTINCT FROM $3 "
-    "AND EXISTS (SELECT 1 FROM conv) AND ($6::json IS NULL OR version = $7::int) "
+    "AND EXISTS (SELECT 1 FROM conv) AND EXISTS (SELECT 1 FROM fence) "
+    "AND ($6::json IS NULL OR version = $7::int) "
     "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
     "gone AS (DELETE FROM task_workspaces WHERE $11::bool AND $10::bool AND task_id = $4 "
-    "AND user_id IS NOT DISTINCT FROM $3 AND EXISTS (SELECT 1 FROM conv) AND version = $7::int "
+    "AND user_id IS NOT DISTINCT FROM $3 AND EXISTS (SELECT 1 FROM conv) "
+    "AND EXISTS (SELECT 1 FROM fence) AND version = $7::int "
     "AND ($5::int IS NULL OR epoch = $5::int) RETURNING version), "
     "ok AS (SELECT version FROM task UNION ALL SELECT version FROM gone "
     "UNION ALL SELECT $7::int WHERE NOT $11::bool AND EXISTS (SELECT 1 FROM conv)), "
     "m AS (SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::int[], "
-    "$16::text[], $17::text[], $19::text[]) WITH ORDINALITY "
+    "$16::text[], $17::text[], $20::text[]) WITH ORDINALITY "
     "AS m(role, content, task_id, tokens, created_at, message_id, turn, ord)), "
     # One probe of the (conversation_id, message_id) index per message: a join (or
     # = ANY) was planned, in the generic plan made while the table was small, as a scan of
@@ -1585,30 +1950,8 @@ _SAVE = (
     "profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
     "SELECT $3, $18::json, $2 WHERE $18::json IS NOT NULL AND EXISTS (SELECT 1 FROM ok) "
     "ON CONFLICT (user_id) DO UPDATE SET profile_data = excluded.profile_data, "
-    "updated_at = excluded.updated_at) "
-    "SELECT 0 AS kind, NULL AS message_id, version AS seq FROM ok "
-    "UNION ALL SELECT 1, message_id, seq FROM old "
-    "UNION ALL SELECT 2, NULL, base FROM counter"
+    "updated_at = excluded.updated_at)",
 )
-
-
-_SELECT_REQUEST = (
-    "SELECT user_id, key_hash, request_hash, expires_at, task_id, conversation_id, outcome "
-    "FROM idempotency_keys"
-)
-
-
-def _request(row: Any) -> RequestRecord:
-    user_id, key, request, expires, task_id, conversation_id, outcome = row
-    return RequestRecord(
-        user_id, key, request, expires, task_id, conversation_id,
-        None if outcome is None else decode(outcome, "idempotency_keys", key, "outcome"),
-    )
-
-
-def _turns(messages: Sequence[dict[str, Any]]) -> list[str | None]:
-    """Each message's turn hash, for the turns digest of its conversation."""
-    return [turn_hash(m["role"], m["content"]) for m in messages]
 
 
 def _number(messages: Sequence[dict[str, Any]], rows: Sequence[Any]) -> None:
@@ -1623,23 +1966,15 @@ def _number(messages: Sequence[dict[str, Any]], rows: Sequence[Any]) -> None:
             message["seq"] = base
 
 
-async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
+async def _save_problem(db: _Db, batch: SaveBatch) -> int | None:
     """Why a fenced, versioned write matched no row: raises what went wrong (the run lost its
     lease, the task is gone, someone saved first); or, when an earlier attempt of this same
     save landed unseen, returns the version to write over (``None``: a completion landed)."""
-    row = await db.fetchrow(
-        "SELECT version, epoch, last_save FROM task_workspaces WHERE " + _TASK_KEY,
-        batch.task_id, batch.user_id,
-    )
+    row = await db.fetchrow(_SAVE_STATE, batch.task_id, batch.user_id)
     if row is None:
         if batch.complete and batch.messages:
             ids = [m.get("id") for m in batch.messages]
-            stored = await db.fetchval(
-                "SELECT count(*) FROM conversation_messages WHERE conversation_id = $1 "
-                "AND message_id = ANY($2::text[])",
-                batch.conversation_id, ids,
-            )
-            if stored == len(batch.messages):
+            if await db.fetchval(_STORED, batch.conversation_id, ids) == len(batch.messages):
                 return None
         if batch.epoch is not None:
             raise lease_lost(batch.task_id)
@@ -1650,9 +1985,6 @@ async def _save_problem(db: asyncpg.Connection, batch: SaveBatch) -> int | None:
     if batch.save_id and last_save == batch.save_id and version == batch.expected_version + 1:
         return int(version)  # this save's earlier attempt landed: write it again
     raise ConflictError(conflict(batch, version))
-
-
-_SELECT_KEYS = "SELECT key_id, user_id, key_hash, name, created_at, revoked_at FROM api_keys"
 
 
 # PostgreSQL text cannot hold NUL, which SQLite stores (a model may emit "\u0000"). Text with
@@ -1672,23 +2004,6 @@ def _get_text(text: str) -> str:
     if _ESCAPE not in text:
         return text
     return _ESCAPED.sub(lambda match: "\x00" if match.group(1) == "0" else _ESCAPE, text)
-
-
-_HELD = (
-    # Whether the session holding advisory lock t.lease_holder (a bigint key: classid holds
-    # its high 32 bits, objid its low ones) is alive.
-    "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
-    "AND l.objsubid = 1 AND l.classid::int8 = (t.lease_holder >> 32) & 4294967295 "
-    "AND l.objid::int8 = t.lease_holder & 4294967295)"
-)
-
-
-def _hold_key(conversation_id: str) -> int:
-    """The advisory-lock key of a conversation's hold: 64 bits of a hash (the stores' random
-    lease keys share the space; meeting one is a 1 in 2**64 chance)."""
-    digest = hashlib.blake2b(b"cogency.conversation\0" + conversation_id.encode(),
-                             digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 def _message(row: Any) -> dict[str, Any]:
@@ -1747,3 +2062,27 @@ def _driver() -> Any:
             "PostgreSQL support needs asyncpg: pip install 'cogency[postgres]'"
         ) from exc
     return asyncpg
+
+
+def _refused_setting(exc: BaseException) -> bool:
+    """Whether connecting failed on a startup parameter the server side refused (PgBouncer
+    refuses those it does not track, such as plan_cache_mode)."""
+    return "unsupported startup parameter" in str(exc)
+
+
+def _pooler_problem(exc: BaseException) -> str | None:
+    """What to change when ``exc`` is a pooler refusing how the store works, else None."""
+    text = str(exc)
+    if "pooling mode" in text:  # "transaction blocks not allowed in statement pooling mode"
+        return ("statement pooling runs no transaction of more than one statement, and the "
+                "store needs them: set pool_mode = transaction (or session) for this database")
+    if "unsupported startup parameter" in text:
+        return ("it refuses even the parameters the store still sends (application_name, "
+                "timezone): add them to ignore_startup_parameters, or upgrade the pooler")
+    if "no more connections allowed" in text:
+        return ("it takes no more clients (max_client_conn): raise it, or lower max_size in "
+                "the processes that share it")
+    if "query_wait_timeout" in text:
+        return ("no server connection became free in time (query_wait_timeout): raise "
+                "default_pool_size or the server's max_connections, or run fewer tasks at once")
+    return None

@@ -24,6 +24,7 @@ from ..errors import (
     UsageError,
 )
 from ..memory.profile import Profile
+from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, lease_free, process_of
 from ._window import Newest, Window, Windows
 from .base import (
     MIGRATION_NAMES,
@@ -49,7 +50,6 @@ from .base import (
     legacy_messages,
     no_conversation,
     no_workspace,
-    runner_alive,
     schema_problem,
     task_record,
     task_running,
@@ -60,8 +60,6 @@ from .base import (
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
-LEASE_SECONDS = 30.0
-"""How long a runner's hold on a task lasts unless renewed (the store renews it every third)."""
 SYNCHRONOUS = ("normal", "full")
 """The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
 
@@ -297,6 +295,30 @@ def _m010_idempotency_keys(db: sqlite3.Connection) -> None:
     )
 
 
+def _m012_leases_as_rows(db: sqlite3.Connection) -> None:
+    # A conversation's run is held like a task: a row with an epoch (bumped by every take and
+    # force release, so a run that lost its hold is fenced out of the conversation) and an
+    # expiry its store renews, so a hold of a host that is gone lapses. The rows stay when
+    # released (runner NULL), keeping each conversation's epoch rising. Holds in flight at the
+    # upgrade are dropped (they were not fenced anyway). lease_holder held PostgreSQL's
+    # advisory-lock key, which leases as rows replace on both stores.
+    _script(db,
+        """
+        DROP TABLE conversation_runs;
+        CREATE TABLE conversation_runs (
+            conversation_id TEXT PRIMARY KEY,    -- one run at a time per conversation, across
+            user_id TEXT NOT NULL,               -- every process on this database
+            runner TEXT,                         -- host|pid|start|token; NULL: not held
+            epoch INTEGER NOT NULL DEFAULT 0,    -- bumped by each take and force release
+            lease_until TEXT,                    -- the hold lapses then unless renewed
+            started_at TEXT NOT NULL
+        );
+        CREATE INDEX conversation_runs_by_user ON conversation_runs(user_id);
+        ALTER TABLE task_workspaces DROP COLUMN lease_holder;
+        """
+    )
+
+
 def _m011_conversation_turns(db: sqlite3.Connection) -> None:
     # A digest of each conversation's turns (base.turn_hash), kept by every append, so the
     # service finds the conversation of a resent chat history by one indexed lookup.
@@ -317,6 +339,11 @@ def _m011_conversation_turns(db: sqlite3.Connection) -> None:
                    [(digest, conversation_id) for conversation_id, digest in digests.items()])
 
 
+def _m013_row_level_security(db: sqlite3.Connection) -> None:
+    # PostgreSQL's row-level security; SQLite has none (one file, one owner): nothing to do.
+    pass
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -329,6 +356,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m009_client_tool_calls", _m009_client_tool_calls),
     ("m010_idempotency_keys", _m010_idempotency_keys),
     ("m011_conversation_turns", _m011_conversation_turns),
+    ("m012_leases_as_rows", _m012_leases_as_rows),
+    ("m013_row_level_security", _m013_row_level_security),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -426,9 +455,7 @@ class SQLiteStore:
         self.create_dirs = create_dirs
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self.lease = lease
-        self._held: dict[str, tuple[str, int]] = {}
-        """task_id -> (runner, epoch) of the leases this store renews."""
-        self._heartbeat: asyncio.Task[None] | None = None
+        self._leases = Leases(lease, self._renew)
         self._db: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
@@ -572,12 +599,29 @@ class SQLiteStore:
         return transaction
 
     async def close(self) -> None:
-        """Close the connection; the file stays. Safe to call twice."""
+        """Give up every task and conversation this store holds, and close the connection;
+        the file stays. Safe to call twice."""
+        tasks, holds = dict(self._leases.tasks), dict(self._leases.holds)
+        self._leases.clear()
+        for runner, _ in (*tasks.values(), *holds.values()):
+            abandon_runner(runner)  # over, whatever the database says
+        if (tasks or holds) and not self._closed and not self.read_only:
+
+            def let_go(db: sqlite3.Connection) -> None:
+                db.executemany(
+                    "UPDATE task_workspaces SET runner = NULL, lease_until = NULL "
+                    "WHERE task_id = ? AND runner = ?",
+                    [(task, runner) for task, (runner, _) in tasks.items()])
+                db.executemany(
+                    "UPDATE conversation_runs SET runner = NULL, lease_until = NULL "
+                    "WHERE conversation_id = ? AND runner = ?",
+                    [(conversation, runner) for conversation, (runner, _) in holds.items()])
+
+            try:
+                await self._run(self._write(let_go, wait=False))
+            except StorageError:
+                pass  # they lapse by themselves
         self._closed = True
-        self._held.clear()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            self._heartbeat = None
         if self._executor is not None:
             await self._run_close()
 
@@ -603,8 +647,12 @@ class SQLiteStore:
         messages: Sequence[dict[str, Any]] = (),
         history_tokens: int | None = None,
     ) -> ConversationRecord:
+        hold = self._leases.holds.get(task.conversation_id) if task.runner else None
+
         def work(db: sqlite3.Connection) -> ConversationRecord:
             stamp = _time.now().isoformat()
+            if hold is not None:
+                _check_hold(db, task.conversation_id, hold[1])
             _ensure_profile(db, task.user_id, stamp)
             conversation = _find_conversation(db, task.conversation_id, task.user_id, missing=None)
             if conversation is None:
@@ -643,7 +691,7 @@ class SQLiteStore:
 
         conversation = await self._run(self._write(work))
         if task.runner:
-            self._hold(task.task_id, task.runner, 1)
+            self._leases.hold_task(task.task_id, task.runner, 1, task.conversation_id)
         return conversation
 
     async def load_task(self, task_id: str, user_id: str) -> TaskRecord:
@@ -735,35 +783,34 @@ class SQLiteStore:
         return await self._run(work)
 
     async def claim_task(self, task_id: str, user_id: str, runner: str) -> int:
-        def work(db: sqlite3.Connection) -> int:
+        def work(db: sqlite3.Connection) -> tuple[int, str]:
             row = db.execute(
-                "SELECT runner, epoch, lease_until FROM task_workspaces "
+                "SELECT runner, epoch, lease_until, conversation_id FROM task_workspaces "
                 "WHERE task_id = ? AND user_id = ?",
                 (task_id, user_id),
             ).fetchone()
             if row is None:
                 raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
-            holder, epoch, until = row
+            holder, epoch, until, conversation_id = row
             if holder == runner:
-                return int(epoch)
-            if holder and until and runner_alive(holder):
-                expires = _time.parse(until)
-                if expires > _time.now():
-                    raise task_running(task_id, expires)
+                return int(epoch), conversation_id
+            expires = _time.parse(until) if until else None
+            if not lease_free(holder, expires, _time.now()):
+                raise task_running(task_id, expires)
             db.execute(
                 "UPDATE task_workspaces SET runner = ?, epoch = ?, lease_until = ? "
                 "WHERE task_id = ?",
                 (runner, epoch + 1, self._lease_end(), task_id),
             )
-            return int(epoch) + 1
+            return int(epoch) + 1, conversation_id
 
-        epoch = await self._run(self._write(work))
-        self._hold(task_id, runner, epoch)
+        epoch, conversation_id = await self._run(self._write(work))
+        self._leases.hold_task(task_id, runner, epoch, conversation_id)
         return epoch
 
     async def release_task(self, task_id: str, runner: str) -> None:
-        if self._held.get(task_id, (None,))[0] == runner:
-            self._unhold(task_id)
+        if self._leases.tasks.get(task_id, (None,))[0] == runner:
+            self._leases.drop_task(task_id)
         try:
             await self._run(
                 self._write(
@@ -782,66 +829,61 @@ class SQLiteStore:
     async def force_release(self, task_id: str, user_id: str) -> str | None:
         def work(db: sqlite3.Connection) -> str | None:
             row = db.execute(
-                "SELECT runner FROM task_workspaces WHERE task_id = ? AND user_id = ?",
+                "SELECT runner, conversation_id FROM task_workspaces "
+                "WHERE task_id = ? AND user_id = ?",
                 (task_id, user_id),
             ).fetchone()
             if row is None:
                 raise NotFoundError(f"no unfinished task {task_id!r} for user {user_id!r}")
+            runner, conversation_id = row
             db.execute(
                 "UPDATE task_workspaces SET runner = NULL, lease_until = NULL, epoch = epoch + 1 "
                 "WHERE task_id = ?",
                 (task_id,),
             )
-            return cast("str | None", row[0])
+            if runner:  # the hold its process took on the conversation dies with it
+                process = process_of(runner) + "|"
+                db.execute(
+                    "UPDATE conversation_runs SET runner = NULL, lease_until = NULL, "
+                    "epoch = epoch + 1 WHERE conversation_id = ? "
+                    "AND substr(runner, 1, length(?)) = ?",
+                    (conversation_id, process, process),
+                )
+            return cast("str | None", runner)
 
-        self._unhold(task_id)
+        self._leases.drop_task(task_id)
         return await self._run(self._write(work))
 
     def _lease_end(self) -> str:
         return (_time.now() + timedelta(seconds=self.lease)).isoformat()
 
-    def _hold(self, task_id: str, runner: str, epoch: int) -> None:
-        """Renew this lease in the background until it is released or lost."""
-        self._held[task_id] = (runner, epoch)
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.get_running_loop().create_task(self._renew_leases())
+    async def _renew(self, tasks: Held, holds: Held) -> tuple[set[str], set[str]]:
+        def lost(db: sqlite3.Connection, table: str, key: str, held: Held, until: str
+                 ) -> set[str]:
+            return {
+                name for name, (runner, epoch) in held.items()
+                if db.execute(
+                    f"UPDATE {table} SET lease_until = ? WHERE {key} = ? AND runner = ? "
+                    "AND epoch = ?",
+                    (until, name, runner, epoch),
+                ).rowcount == 0
+            }
 
-    def _unhold(self, task_id: str) -> None:
-        self._held.pop(task_id, None)
-        if not self._held and self._heartbeat is not None:
-            self._heartbeat.cancel()  # nothing left to renew: no task lingers in the loop
-            self._heartbeat = None
+        def work(db: sqlite3.Connection) -> tuple[set[str], set[str]]:
+            until = self._lease_end()
+            return (lost(db, "task_workspaces", "task_id", tasks, until),
+                    lost(db, "conversation_runs", "conversation_id", holds, until))
 
-    async def _renew_leases(self) -> None:
-        while self._held:
-            await asyncio.sleep(self.lease / 3)
-            held = {task: hold for task, hold in self._held.items()
-                    if runner_alive(hold[0])}  # a run that ended unreleased renews no more
-
-            def work(db: sqlite3.Connection) -> list[str]:
-                until = self._lease_end()
-                return [
-                    task for task, (runner, epoch) in held.items()
-                    if db.execute(
-                        "UPDATE task_workspaces SET lease_until = ? WHERE task_id = ? "
-                        "AND runner = ? AND epoch = ?",
-                        (until, task, runner, epoch),
-                    ).rowcount == 0
-                ]
-
-            try:
-                lost = await self._run(self._write(work, wait=False)) if held else []
-            except (StorageError, UsageError):
-                # Nobody waits on a renewal: a busy or closed database lets the lease lapse,
-                # and the run's next write (fenced by its epoch) reports what happened.
-                continue
-            for task in (set(self._held) - set(held)) | set(lost):
-                self._held.pop(task, None)  # (not _unhold: this task ends by itself)
+        return await self._run(self._write(work, wait=False))
 
     async def save(self, batch: SaveBatch) -> int:
+        fence = self._leases.fence(batch.task_id)
+
         def work(db: sqlite3.Connection) -> int:
             stamp = _time.now().isoformat()
             version = batch.expected_version
+            if fence is not None:
+                _check_hold(db, *fence)
             if batch.workspace is not None or batch.complete or batch.epoch is not None:
                 checked = _check_task(db, batch)
                 if checked is None:
@@ -866,7 +908,7 @@ class SQLiteStore:
 
         version = await self._run(self._write(work))
         if batch.complete:
-            self._unhold(batch.task_id)
+            self._leases.drop_task(batch.task_id)
         return version
 
     # -- conversations --------------------------------------------------------------------
@@ -951,6 +993,7 @@ class SQLiteStore:
                 (user_id,),
             )
             db.execute("DELETE FROM task_workspaces WHERE user_id = ?", (user_id,))
+            db.execute("DELETE FROM conversation_runs WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM conversations WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM user_profiles WHERE user_id = ?", (user_id,))
             db.execute("DELETE FROM idempotency_keys WHERE user_id = ?", (user_id,))
@@ -1014,30 +1057,46 @@ class SQLiteStore:
         return await self._run(self._write(work))
 
     async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
-        def work(db: sqlite3.Connection) -> None:
+        def work(db: sqlite3.Connection) -> int:
             owner = _conversation_owner(db, conversation_id)
             if owner is not None and owner != user_id:
                 raise NotFoundError(no_conversation(conversation_id, user_id))
             row = db.execute(
-                "SELECT runner FROM conversation_runs WHERE conversation_id = ?",
+                "SELECT user_id, runner, epoch, lease_until FROM conversation_runs "
+                "WHERE conversation_id = ?",
                 (conversation_id,),
             ).fetchone()
-            if row is not None and row[0] != runner and runner_alive(row[0]):
-                raise ConversationBusyError(busy_conversation(conversation_id))
+            if row is not None:
+                holder_user, holder, epoch, until = row
+                if holder == runner:
+                    return int(epoch)
+                if not lease_free(holder, _time.parse(until) if until else None, _time.now()):
+                    if holder_user != user_id:  # another user's conversation in the making
+                        raise NotFoundError(no_conversation(conversation_id, user_id))
+                    raise ConversationBusyError(busy_conversation(conversation_id))
+            epoch = (row[2] if row is not None else 0) + 1
             db.execute(
-                "INSERT OR REPLACE INTO conversation_runs (conversation_id, user_id, runner, "
-                "started_at) VALUES (?, ?, ?, ?)",
-                (conversation_id, user_id, runner, _time.now().isoformat()),
+                "INSERT INTO conversation_runs (conversation_id, user_id, runner, epoch, "
+                "lease_until, started_at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(conversation_id) DO UPDATE SET user_id = excluded.user_id, "
+                "runner = excluded.runner, epoch = excluded.epoch, "
+                "lease_until = excluded.lease_until, started_at = excluded.started_at",
+                (conversation_id, user_id, runner, epoch, self._lease_end(),
+                 _time.now().isoformat()),
             )
+            return epoch
 
-        await self._run(self._write(work))
+        epoch = await self._run(self._write(work))
+        self._leases.hold_conversation(conversation_id, runner, epoch)
 
     async def release_conversation(self, conversation_id: str, runner: str) -> None:
+        self._leases.drop_conversation(conversation_id, runner)
         try:
             await self._run(
                 self._write(
                     lambda db: db.execute(
-                        "DELETE FROM conversation_runs WHERE conversation_id = ? AND runner = ?",
+                        "UPDATE conversation_runs SET runner = NULL, lease_until = NULL "
+                        "WHERE conversation_id = ? AND runner = ?",
                         (conversation_id, runner),
                     )
                 )
@@ -1210,6 +1269,15 @@ def _find_conversation(
             return None
         raise missing(no_conversation(conversation_id, user_id))
     return conversation_record(row)
+
+
+def _check_hold(db: sqlite3.Connection, conversation_id: str, epoch: int) -> None:
+    """Raise unless the conversation's hold still has ``epoch`` (nobody took it meanwhile)."""
+    row = db.execute(
+        "SELECT epoch FROM conversation_runs WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    if row is None or row[0] != epoch:
+        raise hold_lost(conversation_id)
 
 
 def _check_task(db: sqlite3.Connection, batch: SaveBatch) -> int | None:
