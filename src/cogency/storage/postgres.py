@@ -1332,6 +1332,34 @@ class PostgresStore:
         await self._use("forgetting a user", work)
         self._windows.clear()
 
+    async def delete_conversation(self, conversation_id: str, user_id: str) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            found = await db.fetchval(
+                "SELECT 1 FROM conversations WHERE conversation_id = $1 AND user_id = $2 "
+                "FOR UPDATE", conversation_id, user_id)
+            if found is None:
+                return
+            await db.execute(
+                "DELETE FROM task_approvals WHERE task_id IN (SELECT task_id FROM "
+                "task_workspaces WHERE conversation_id = $1)", conversation_id)
+            await db.execute("DELETE FROM task_workspaces WHERE conversation_id = $1",
+                             conversation_id)
+            await db.execute("DELETE FROM conversation_messages WHERE conversation_id = $1",
+                             conversation_id)
+            await db.execute("DELETE FROM conversations WHERE conversation_id = $1",
+                             conversation_id)
+
+        await self._use("deleting a conversation", work, idempotent=True)
+        self._windows.drop(conversation_id)
+
+    async def find_call(self, user_id: str, call_id: str) -> str | None:
+        async def work(db: asyncpg.Connection) -> str | None:
+            return cast("str | None", await db.fetchval(
+                "SELECT task_id FROM task_approvals WHERE user_id = $1 AND call_id = $2 "
+                "LIMIT 1", user_id, call_id))
+
+        return await self._read("finding a waiting call", work)
+
     async def user_generation(self, user_id: str) -> int:
         async def work(db: asyncpg.Connection) -> int:
             value = await db.fetchval(
