@@ -26,6 +26,8 @@ An endless script whose reply depends on the query, so many users can talk to on
   answers with its result;
 - ``instructions`` is answered with the client's instructions as the model got them;
 - ``options`` is answered with the model options of the call, as JSON;
+- ``restart`` first replies with an answer (``a first try``) in a reply that turns out
+  invalid, then, asked again, answers ``second answer`` (a restarted answer);
 - ``structured`` answers ``{"city": "Oslo", "degrees": 12}`` as a JSON value (for an answer
   schema);
 - Open WebUI's title request (``### Task:`` … ``title``) is answered with its JSON title;
@@ -49,6 +51,8 @@ from cogency.client import INSTRUCTIONS_TAG
 from cogency.testing import ScriptedLLM
 
 _OPTIONS: contextvars.ContextVar[dict] = contextvars.ContextVar("options", default={})
+_FIRST_TRY = '{"actions": [], "response": "a first try", "objective": 5}'
+"""A reply whose answer streams, then turns out invalid (``objective`` is no string)."""
 
 
 LEARNED = {
@@ -65,6 +69,8 @@ async def _reply(messages):
     last = messages[-1]["content"]
     if any("<interaction>\nQuery:" in m["content"] for m in messages):
         return LEARNED
+    if any(m["role"] == "assistant" and m["content"] == _FIRST_TRY for m in messages):
+        return {"response": "second answer"}
     after_tool = last.startswith("TOOL RESULT")
     query = next(m["content"] for m in reversed(messages)
                  if m["role"] == "user" and not m["content"].startswith("TOOL RESULT"))
@@ -129,6 +135,8 @@ async def _reply(messages):
         return {"response": f"instructions: {told}"}
     if query == "options":
         return {"response": json.dumps(_OPTIONS.get(), sort_keys=True)}
+    if query == "restart":
+        return _FIRST_TRY
     if query == "structured":
         return {"response": {"city": "Oslo", "degrees": 12}}
     if query.startswith("### Task:") and "title" in query:

@@ -81,6 +81,27 @@ def test_the_official_client_gets_the_answer_as_it_is_written(served):
     assert chat_of(turns(db, second))[-1] == ("assistant", "echo: and about auroras")
 
 
+def test_an_answer_started_again_follows_what_was_sent_and_is_stored_alone(served):
+    """An SSE client cannot take text back: the model's first reply streamed "a first try"
+    and turned out invalid, its next one answers differently; the stream goes on after a
+    blank line, the stored answer (and the final Response) is the second answer alone."""
+    server, db, _ = served
+    ai = openai.OpenAI(base_url=server.url + "/v1", api_key=key_for(db, "rita"), max_retries=0)
+    chunks = list(ai.chat.completions.create(
+        model="cogency", stream=True, messages=[{"role": "user", "content": "restart"}]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "a first try\n\nsecond answer"
+    with ai.responses.stream(model="cogency", input="restart") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == "a first try\n\nsecond answer"
+    assert final.output_text == "second answer"
+    assert ai.responses.retrieve(final.id).output_text == "second answer"
+    for conversation in conversations(db, "rita"):
+        assert chat_of(turns(db, conversation)) == [("user", "restart"),
+                                                    ("assistant", "second answer")]
+
+
 def test_store_false_runs_answer_keep_nothing_and_teach_nothing(tmp_path):
     """OpenAI's `store: false` (what Open WebUI's title requests send with TASK_MODEL_PARAMS):
     the run happens, nothing of it stays in the database, and nothing is learned from it;

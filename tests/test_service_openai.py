@@ -320,6 +320,12 @@ def test_sampling_settings_are_honoured_and_what_changes_nothing_is_accepted(ser
     assert completion.service_tier == "default"
     # accepted, not applied (the agent's model takes no penalty, and no top_k): said so
     assert raw.headers["x-cogency-not-applied"] == "frequency_penalty, top_k"
+    serial = ai.chat.completions.with_raw_response.create(
+        model="cogency", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
+        parallel_tool_calls=False)
+    assert serial.headers["x-cogency-not-applied"] == "parallel_tool_calls"
+    assert "x-cogency-not-applied" not in ai.chat.completions.with_raw_response.create(
+        model="cogency", messages=[{"role": "user", "content": "hi"}]).headers
 
     response = ai.responses.create(
         model="cogency", input="options", temperature=0.3, top_p=0.5, include=[],
@@ -354,6 +360,31 @@ def test_system_messages_and_instructions_reach_the_model_as_the_applications(se
                          response.metadata["conversation_id"]):
         # the instructions are the task's, not turns of the conversation
         assert [role for _, role, _ in messages(db, conversation)] == ["user", "assistant"]
+
+
+def test_an_answer_schema_makes_the_answer_json(served):
+    state, keys, _, _ = served
+    ai = client(state["server"], keys["alice"])
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "degrees": {"type": "integer"}},
+              "required": ["city", "degrees"], "additionalProperties": False}
+    chat = ai.chat.completions.create(
+        model="cogency", messages=[{"role": "user", "content": "structured"}],
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "weather", "schema": schema, "strict": True}})
+    assert json.loads(chat.choices[0].message.content) == {"city": "Oslo", "degrees": 12}
+    response = ai.responses.create(model="cogency", input="structured", text={"format": {
+        "type": "json_schema", "name": "weather", "schema": schema, "strict": True}})
+    assert json.loads(response.output_text) == {"city": "Oslo", "degrees": 12}
+    assert response.text.format.type == "json_schema"  # reported back
+    # an answer the schema refuses is asked again, then a clear error (the task is kept)
+    with pytest.raises(openai.APIStatusError) as caught:
+        ai.chat.completions.create(
+            model="cogency", messages=[{"role": "user", "content": "structured"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "object", "required": ["name"]}}})
+    assert caught.value.status_code == 502 and "schema" in caught.value.message
+    assert caught.value.response.headers["x-should-retry"] == "false"
 
 
 def test_max_tokens_cuts_the_answer_and_says_so(served):
@@ -432,6 +463,26 @@ def test_client_tools_pause_the_task_and_its_results_continue_it_on_another_repl
         {"role": "assistant", "tool_calls": calls}, *both])
     assert finished.choices[0].message.content == "the weather in Rome: sunny; noon"
 
+    # tool_choice: a named function (or allowed_tools) is the only one offered, and a call
+    # is asked for in the application's instructions; "required" asks for one of them
+    named = ai.chat.completions.create(
+        model="cogency", tools=[WEATHER, TIME], messages=[
+            {"role": "user", "content": "instructions"}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.choices[0].message.content == (
+        "instructions: Before your final answer, call get_weather once (the application "
+        "requires a call to it)")
+    required = ai.chat.completions.create(
+        model="cogency", tools=[WEATHER, TIME], tool_choice="required", messages=[
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "instructions"}])
+    assert required.choices[0].message.content == (
+        "instructions: Be brief.\n\nBefore your final answer, call at least one of get_weather, "
+        "get_time (the application requires it)")
+    allowed = ai.chat.completions.create(
+        model="cogency", tools=[WEATHER, TIME], messages=ask,
+        tool_choice={"type": "allowed_tools", "allowed_tools": {
+            "mode": "auto", "tools": [{"type": "function", "function": {"name": "get_time"}}]}})
+    assert allowed.choices[0].message.content == "I have no weather tool"
     # tool_choice "none": the client's tools are not offered; a tool never called costs nothing
     none = ai.chat.completions.create(model="cogency", messages=ask, tools=[WEATHER],
                                       tool_choice="none")
