@@ -481,8 +481,10 @@ def _tools(tools: list[Any] | None, choice: str | dict[str, Any] | None, instruc
                               "can be declared (the agent's own tools run on the server)",
                               f"tools[{index}]")
         functions.append(tool)
-    name_of = (lambda t: (t.get("function") or {}).get("name")) if chat else (
-        lambda t: t.get("name"))
+    def name_of(tool: Any) -> Any:
+        spec = _field(tool, "function") if chat else tool
+        return _field(spec, "name")
+
     if choice is None or choice == "auto":
         return functions, instructions
     if choice == "none":
@@ -492,14 +494,15 @@ def _tools(tools: list[Any] | None, choice: str | dict[str, Any] | None, instruc
     if isinstance(choice, dict):
         kind = choice.get("type")
         if kind == "function":
-            name = (choice.get("function") or {}).get("name") if chat else choice.get("name")
+            name = name_of(choice)
             names = [name] if isinstance(name, str) else []
             required = True
         elif kind == "allowed_tools":
-            allowed = choice.get("allowed_tools", choice) if chat else choice
-            names = [str(name_of(t)) for t in allowed.get("tools") or ()
-                     if isinstance(t, dict)]
-            required = allowed.get("mode") == "required"
+            allowed = _field(choice, "allowed_tools") if chat else choice
+            listed = _field(allowed, "tools")
+            names = [str(name_of(t)) for t in listed if isinstance(t, dict)] \
+                if isinstance(listed, list) else []
+            required = _field(allowed, "mode") == "required"
         else:
             raise Unsupported(f"tool_choice of type {str(kind)[:40]!r} is not available: only "
                               "function tools can be declared", "tool_choice")
@@ -519,6 +522,11 @@ def _tools(tools: list[Any] | None, choice: str | dict[str, Any] | None, instruc
                  "requires it)")
         instructions = f"{instructions}\n\n{asked}" if instructions else asked
     return functions, instructions
+
+
+def _field(value: Any, name: str) -> Any:
+    """``value[name]`` if ``value`` is an object (a client's JSON may be any shape)."""
+    return value.get(name) if isinstance(value, dict) else None
 
 
 def _format(given: Any, where: str) -> dict[str, Any] | None:
