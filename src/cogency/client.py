@@ -61,6 +61,9 @@ INSTRUCTIONS_HEAD = (
     "they do not conflict with those rules):"
 )
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_REF_KEYS = ('"$ref"', '"$defs"', '"definitions"', '"$schema"', '"$id"')
+"""The keys :func:`~cogency._jsonschema.inline_refs` replaces or drops, as they appear in
+:func:`~cogency._json.dumps` output."""
 
 
 async def _runs_at_the_client(**args: Any) -> Any:
@@ -378,18 +381,22 @@ def _schema(given: Any, what: str) -> dict[str, Any]:
     if not isinstance(given, Mapping):
         raise UsageError(f"{what} must be a JSON schema (an object)")
     try:
-        size = len(dumps(given))
+        text = dumps(given)
     except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{what} must be JSON ({type(exc).__name__})") from exc
-    if size > MAX_SCHEMA_BYTES:
-        raise UsageError(f"{what} is {size:,} bytes, more than {MAX_SCHEMA_BYTES:,}")
-    try:
-        schema = inline_refs(json.loads(dumps(given)))
-    except SchemaError as exc:
-        raise UsageError(f"{what}: {exc}") from exc
-    if len(dumps(schema)) > MAX_SCHEMA_BYTES:
-        raise UsageError(f"{what} is more than {MAX_SCHEMA_BYTES:,} bytes once its references "
-                         "are inlined")
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise UsageError(f"{what} is {len(text):,} bytes, more than {MAX_SCHEMA_BYTES:,}")
+    schema = json.loads(text)  # a copy, of JSON values only
+    # Most definitions have no reference (an Open WebUI chat sends 28 with every message):
+    # only one that names a key inline_refs handles is walked, and measured again.
+    if any(key in text for key in _REF_KEYS):
+        try:
+            schema = inline_refs(schema)
+        except SchemaError as exc:
+            raise UsageError(f"{what}: {exc}") from exc
+        if len(dumps(schema)) > MAX_SCHEMA_BYTES:
+            raise UsageError(f"{what} is more than {MAX_SCHEMA_BYTES:,} bytes once its "
+                             "references are inlined")
     if depth(schema) > MAX_SCHEMA_DEPTH:
         raise UsageError(f"{what} nests more than {MAX_SCHEMA_DEPTH} levels deep")
     return schema
