@@ -507,6 +507,8 @@ def test_responses_function_calls_continue_by_previous_response_id_and_are_retri
     assert (call.type, call.name, json.loads(call.arguments)) == (
         "function_call", "get_weather", {"city": "Lisbon"})
     assert paused.tools[0].name == "get_weather"  # what was asked, reported back
+    waiting = ai.responses.retrieve(paused.id)  # while it waits: the call it asked for
+    assert [(o.type, o.call_id) for o in waiting.output] == [("function_call", call.call_id)]
     answer = ai.responses.create(
         model="cogency", previous_response_id=paused.id, tools=[tool],
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 °C"}])

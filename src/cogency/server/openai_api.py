@@ -148,30 +148,26 @@ async def get_response(response_id: str, me: Caller = Depends(caller)) -> Any:
     messages = await me.task_messages(task)
     if not messages:
         raise missing
+    # A response is the part of the task's messages from the results its request sent (the
+    # first response: from the start) to the results of the next request.
+    results = [_waited_result(m) for m in messages]
     start = 0
     if call is not None:
-        found = [i for i, m in enumerate(messages) if _result_id(m) == call]
+        found = [i for i, r in enumerate(results) if r is not None and r["id"] == call]
         if not found:
             raise missing
         start = found[0]
-        while start > 0 and _result_id(messages[start - 1]) is not None:
+        while start > 0 and results[start - 1] is not None:
             start -= 1  # the first of the results that request sent
     end = next((i for i in range(start + 1, len(messages))
-                if _result_id(messages[i]) is not None
-                and _result_id(messages[i - 1]) is None), len(messages))
+                if results[i] is not None and results[i - 1] is None), len(messages))
     answers = [m["content"] for m in messages[start:end] if m["role"] == "assistant"
                and not m["content"].startswith('{"actions"')]
     if answers:
         output = [_message_item(response_id, answers[-1])]
     elif end < len(messages):  # it paused; the results of the next request follow
-        called = []
-        for message in messages[end:]:
-            if _result_id(message) is None:
-                break
-            result = json.loads(message["content"])
-            called.append({"id": result["id"], "name": result["name"],
-                           "args": result.get("args") or {}})
-        output = [_function_call(c) for c in called]
+        called = itertools.takewhile(lambda r: r is not None, results[end:])
+        output = [_function_call(r) for r in called if r is not None]
     else:
         try:
             waiting = await me.approvals(task)
@@ -513,16 +509,19 @@ def _response_events(run: Run, created: int, body: ResponsesRequest,
     return each, end
 
 
-def _result_id(message: dict[str, Any]) -> str | None:
-    """The call id of a stored result of a call that waited (``None`` for any other message)."""
+def _waited_result(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored result of a call that waited (its ``id``, ``name``, ``args``), or ``None``
+    for any other message."""
     if message.get("role") != "tool" or '"id":"call_' not in message.get("content", ""):
         return None
     try:
         result = json.loads(message["content"])
     except ValueError:
         return None
-    found = result.get("id") if isinstance(result, dict) else None
-    return found if isinstance(found, str) else None
+    if not isinstance(result, dict) or not isinstance(result.get("id"), str):
+        return None
+    return {"id": result["id"], "name": str(result.get("name")),
+            "args": result.get("args") or {}}
 
 
 def _timestamp(stamp: Any) -> int:
