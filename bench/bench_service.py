@@ -10,12 +10,15 @@
    socket), and over loopback HTTP to a ``cogency serve`` process. The difference of the first
    two medians is what the service (auth, JSON, the run manager, the conversation hold) adds
    per request; the third adds the client, the socket and a second process.
+3. The same for ``POST /v1/chat/completions`` with a client's tools (Open WebUI's 28
+   built-ins, never called) and without, against ``Agent.run`` with and without them.
 
 The machine has 2 cores shared with other work: absolute figures are noisy; compare figures
 from one run.
 
     python -m bench.bench_service            # full (about 1 min)
     python -m bench.bench_service --quick    # a short run
+    python -m bench.bench_service --client-tools   # part 3 alone
 """
 
 from __future__ import annotations
@@ -53,14 +56,16 @@ def model() -> ScriptedLLM:
 
 
 class _Server:
-    def __init__(self, db: str, delay: float, workdir: str, nofile: int | None = None) -> None:
-        """``nofile``: the server's open-file limit (else this process's)."""
+    def __init__(self, db: str, delay: float, workdir: str, nofile: int | None = None,
+                 llm: str = "bench.bench_service:model") -> None:
+        """``nofile``: the server's open-file limit (else this process's); ``llm``: the model
+        it serves (by default the scripted one, answering after ``delay`` seconds)."""
         env = {**os.environ, "COGENCY_BENCH_DELAY": str(delay),
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.log = open(Path(workdir) / f"server-{uuid.uuid4().hex[:6]}.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cogency.cli", "serve", "--db", db, "--port", "0",
-             "--llm", "bench.bench_service:model", "--max-runs-per-key", "1000",
+             "--llm", llm, "--max-runs-per-key", "1000",
              "--no-memory"],  # the served turn alone: learning would double the model calls
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=workdir,
             preexec_fn=None if nofile is None else lambda: _limit_files(nofile))
@@ -235,6 +240,80 @@ def model_instant() -> ScriptedLLM:
     return ScriptedLLM(itertools.repeat({"response": "ok"}))
 
 
+def open_webui_tools() -> list[dict[str, Any]]:
+    """The 28 built-in tools Open WebUI 0.12 sends with every chat message (recorded)."""
+    recorded = ROOT / "tests" / "recorded" / "open_webui_0_12_chat.json"
+    return list(json.loads(recorded.read_text())["request"]["tools"])
+
+
+async def overhead_client_tools(count: int, workdir: str) -> dict[str, Any]:
+    """What the OpenAI endpoint adds per request, with a client's tools (Open WebUI's 28
+    built-ins, which the model never calls) and without: ``Agent.run`` in this process
+    against ``POST /v1/chat/completions`` through the app in this process (ASGI, no socket)
+    and over loopback HTTP to a ``cogency serve`` process, each on its own SQLite file, one
+    client, an instant model, the six ways alternated request by request (medians, the first
+    five of each left out)."""
+    from cogency.server import create_app
+
+    tools = open_webui_tools()
+    db, app_db = str(Path(workdir) / "tools-http.db"), str(Path(workdir) / "tools-app.db")
+    [key] = await _keys(db, 1)
+    [app_key] = await _keys(app_db, 1)
+    server = _Server(db, 0.0, workdir)
+    ways = ("direct", "direct+tools", "asgi", "asgi+tools", "http", "http+tools")
+    timings: dict[str, list[float]] = {way: [] for way in ways}
+    try:
+        async with Agent(llm=model_instant(), store=str(Path(workdir) / "tools-direct.db")) \
+                as direct, Agent(llm=model_instant(), store=app_db) as served, \
+                httpx.AsyncClient(base_url=server.url, timeout=60,
+                                  headers={"Authorization": f"Bearer {key}"}) as http, \
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)),
+                                  base_url="http://asgi", timeout=60,
+                                  headers={"Authorization": f"Bearer {app_key}"}) as asgi:
+            conversations: dict[str, str | None] = dict.fromkeys(ways)
+            for _ in range(count):
+                for way in ways:
+                    with_tools = way.endswith("+tools")
+                    began = time.perf_counter()
+                    if way.startswith("direct"):
+                        result = await direct.run(
+                            "hello", user_id="user0", conversation_id=conversations[way],
+                            client_tools=tools if with_tools else None)
+                        conversations[way] = result.conversation_id
+                    else:
+                        body: dict[str, Any] = {
+                            "model": "cogency", "messages": [{"role": "user", "content": "hello"}]}
+                        if with_tools:
+                            body["tools"] = tools
+                        if conversations[way]:
+                            body["metadata"] = {"conversation_id": conversations[way]}
+                        client = http if way.startswith("http") else asgi
+                        answer = await client.post("/v1/chat/completions", json=body)
+                        answer.raise_for_status()
+                        conversations[way] = answer.json()["conversation_id"]
+                    timings[way].append(time.perf_counter() - began)
+    finally:
+        server.stop()
+    p50 = {way: statistics.median(values[5:]) * 1000 for way, values in timings.items()}
+    return {"p50_ms": p50, "n": count,
+            "asgi_overhead_ms": {"tools": p50["asgi+tools"] - p50["direct+tools"],
+                                 "none": p50["asgi"] - p50["direct"]},
+            "http_overhead_ms": {"tools": p50["http+tools"] - p50["direct+tools"],
+                                 "none": p50["http"] - p50["direct"]}}
+
+
+def print_client_tools(figures: dict[str, Any]) -> None:
+    p50 = figures["p50_ms"]
+    print(f"\n3. POST /v1/chat/completions with a client's tools (Open WebUI's 28, never "
+          f"called) and without: {figures['n']} requests each way, alternated (p50, ms)")
+    for way in ("direct", "direct+tools", "asgi", "asgi+tools", "http", "http+tools"):
+        print(f"  {way:<14} {p50[way]:7.2f}")
+    for kind in ("none", "tools"):
+        print(f"  the server's own cost ({'with' if kind == 'tools' else 'without'} tools): "
+              f"app - Agent.run {figures['asgi_overhead_ms'][kind]:.2f} ms (goal: at most 5), "
+              f"HTTP - Agent.run {figures['http_overhead_ms'][kind]:.2f} ms")
+
+
 async def overhead_by_clients(
     clients: list[int], rounds: int, per_round: int, workdir: str, synchronous: str
 ) -> dict[str, Any]:
@@ -295,7 +374,9 @@ async def overhead_by_clients(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--overhead-only", action="store_true", help="only part 2")
+    parser.add_argument("--overhead-only", action="store_true", help="only parts 2 and 3")
+    parser.add_argument("--client-tools", action="store_true",
+                        help="only part 3: the OpenAI endpoint with a client's tools and without")
     parser.add_argument("--clients-json", metavar="N,N",
                         help="only `cogency serve` over HTTP against Agent.run at these numbers "
                              "of clients; prints one JSON line (python -m bench uses it)")
@@ -311,9 +392,12 @@ def main() -> None:
                 counts, args.rounds, args.per_round, workdir, args.synchronous))))
         return
     with tempfile.TemporaryDirectory() as workdir:
-        if not args.overhead_only:
+        if not args.overhead_only and not args.client_tools:
             asyncio.run(load([1, 10, 50], 1.0 if args.quick else 4.0, workdir))
-        asyncio.run(overhead(30 if args.quick else 200, workdir))
+        if not args.client_tools:
+            asyncio.run(overhead(30 if args.quick else 200, workdir))
+        print_client_tools(asyncio.run(overhead_client_tools(30 if args.quick else 200,
+                                                             workdir)))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ database."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -239,6 +240,50 @@ async def test_a_client_tool_call_pauses_the_task_and_results_resume_it_anywhere
     assert result == {"name": "get_weather", "args": {"city": "Oslo"}, "id": waiting["id"],
                       "ok": True, "output": "12 °C, clear"}
     assert rows[4][1] == "Oslo: 12 °C; a fjord is a word."
+
+
+async def test_a_run_that_keeps_nothing_runs_and_leaves_no_row_and_teaches_nothing(
+    any_store, raw
+):
+    """Both stores: ``keep=False`` (OpenAI's ``store: false``, a chat UI's title request) runs,
+    answers, then deletes its conversation, its messages and its task; the user's other
+    conversation and profile are untouched and learning is never scheduled. One that pauses
+    for a client's tool is kept (found by its call id) until the resume that ends it."""
+    learner = ScriptedLLM(itertools.repeat({}))  # learns nothing, records what it is shown
+    llm = ScriptedLLM([reply("kept"), reply("A title"),
+                       reply(actions=[call("get_weather", city="Oslo")]), reply("Cold.")])
+    agent = Agent(llm=llm, store=any_store, memory=Memory(llm=learner))
+    kept = await agent.run("remember me", "ada")
+    await agent.memory.settle()  # its learning is done before the snapshot
+    tables = ("conversations", "conversation_messages", "task_workspaces", "task_approvals")
+
+    async def counts():
+        return [(await raw(f"SELECT COUNT(*) FROM {table}"))[0][0] for table in tables]
+
+    before, profile = await counts(), await raw("SELECT profile_data FROM user_profiles")
+    with pytest.raises(UsageError, match="conversation_id out"):
+        agent.stream("title?", "ada", kept.conversation_id, keep=False)
+    title = await agent.run("Generate a title", "ada", keep=False,
+                            instructions="Reply with a title.")
+    assert (title.response, title.stop_reason) == ("A title", "completed")
+    assert title.conversation_id != kept.conversation_id
+    assert await counts() == before  # nothing of it stays
+    assert await raw("SELECT profile_data FROM user_profiles") == profile
+
+    paused = await agent.run("weather?", "ada", client_tools=[WEATHER], keep=False)
+    [waiting] = paused.tool_calls
+    assert await any_store.find_call("ada", waiting["id"]) == paused.task_id
+    assert await any_store.find_call("bob", waiting["id"]) is None  # another user's: none
+    assert await any_store.find_call("ada", "call_0000000000000000") is None
+    assert (await counts())[0] == before[0] + 1  # kept while it waits
+    done = await agent.resume(paused.task_id, "ada", results={waiting["id"]: "-3 °C"})
+    assert done.response == "Cold."
+    assert await counts() == before
+    assert await any_store.find_call("ada", waiting["id"]) is None
+    await agent.close()  # waits for learning
+    shown = [m["content"] for messages in learner.calls for m in messages]
+    assert any("remember me" in text for text in shown)  # the kept run was learned from
+    assert not any("Generate a title" in text or "weather?" in text for text in shown)
 
 
 async def test_a_result_can_be_stored_first_and_sending_it_again_changes_nothing(store, db):

@@ -3,11 +3,12 @@ not, conversations continued across requests and after a restart, OpenAI-shaped 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
 
-from serverutil import Server, create_key
+from serverutil import Server, create_key, rows
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
 openai = pytest.importorskip("openai")
@@ -111,33 +112,57 @@ def test_responses_chain_and_survive_a_restart(served, tmp_path):
         "I live in Lisbon", "recall", "streamed", "recall"]
 
 
-def test_what_cannot_be_honoured_is_a_400(served):
-    state, keys, _, _ = served
+def test_what_cannot_be_honoured_is_a_400_naming_the_field(served):
+    """Only what would change the answer's meaning and cannot be honoured is refused; the
+    defaults and settings that change nothing are accepted (test_fields_that_change_nothing)."""
+    state, keys, db, _ = served
     ai = client(state["server"], keys["alice"])
     hello = [{"role": "user", "content": "hi"}]
-    cases = [
-        (dict(messages=hello, tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-        (dict(messages=hello, n=2), "n"),
-        (dict(messages=hello, temperature=0.2), "temperature"),
-        (dict(messages=[{"role": "system", "content": "be terse"}, *hello]), "messages"),
-        (dict(messages=[{"role": "user", "content": "x"}] * 501), "messages"),  # bounded
+    image = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    chat_cases = [
+        (dict(n=2), "n"),
+        (dict(logprobs=True), "logprobs"),
+        (dict(top_logprobs=3), "top_logprobs"),
+        (dict(logit_bias={"1234": 5}), "logit_bias"),
+        (dict(modalities=["text", "audio"]), "modalities"),
+        (dict(web_search_options={}), "web_search_options"),
+        (dict(functions=[{"name": "f", "parameters": {}}]), "functions"),
+        (dict(tools=[{"type": "custom", "custom": {"name": "grammar"}}]), "tools[0]"),
+        (dict(tool_choice={"type": "function", "function": {"name": "absent"}},
+              tools=[{"type": "function", "function": {"name": "f"}}]), "tool_choice"),
+        (dict(response_format={"type": "xml"}), "response_format"),
+        (dict(temperature=3.5), "temperature"),  # out of OpenAI's range, not unsupported
+        (dict(metadata={"conversation_id": "x"}, store=False), "store"),
+        (dict(extra_body={"made_up": 1}), "made_up"),
     ]
-    for fields, param in cases:
+    before = rows(db, "SELECT COUNT(*) FROM task_workspaces")
+    for fields, param in [*chat_cases, (dict(messages=image), "messages"),
+                          (dict(messages=[{"role": "user", "content": "x"}] * 501), "messages")]:
         with pytest.raises(openai.BadRequestError) as caught:
-            ai.chat.completions.create(model="cogency", **fields)
+            ai.chat.completions.create(model="cogency", **{"messages": hello, **fields})
         error = caught.value.body
-        assert error["param"] == param and error["type"] == "invalid_request_error"
+        assert (error["param"], error["type"]) == (param, "invalid_request_error"), fields
         assert error["message"]
-    with pytest.raises(openai.BadRequestError) as caught:
-        ai.responses.create(model="cogency", input="hi", instructions="be terse")
-    assert caught.value.body["param"] == "instructions"
-    with pytest.raises(openai.BadRequestError) as caught:
-        ai.responses.create(model="cogency", input=[
-            *hello, {"role": "assistant", "content": "echo: hi"}, *hello])
-    assert caught.value.body["param"] == "input"
-    assert "previous_response_id" in caught.value.body["message"]
+    responses_cases = [
+        (dict(tools=[{"type": "web_search"}]), "tools[0]"),
+        (dict(include=["message.output_text.logprobs"]), "include"),
+        (dict(background=True), "background"),
+        (dict(prompt={"id": "pmpt_1"}), "prompt"),
+        (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+         "input"),
+        (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input"),
+    ]
+    for fields, param in responses_cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            ai.responses.create(model="cogency", **{"input": "hi", **fields})
+        assert caught.value.body["param"] == param, fields
+    assert rows(db, "SELECT COUNT(*) FROM task_workspaces") == before  # nothing ran
     with pytest.raises(openai.NotFoundError):
         ai.chat.completions.create(model="gpt-4o", messages=hello)
+    with pytest.raises(openai.NotFoundError):
+        ai.models.retrieve("gpt-4o")
+    assert ai.models.retrieve("cogency").id == "cogency"
     with pytest.raises(openai.AuthenticationError):
         client(state["server"], "cog_wrong").models.list()
 
@@ -258,3 +283,263 @@ def test_a_resent_history_continues_the_newest_conversation_with_those_turns(ser
                                  ("carol", "assistant", "echo: old times"),
                                  ("carol", "user", "recall"),
                                  ("carol", "assistant", "you said: old times")]
+
+
+def tasks_in(db, conversation):
+    """The distinct tasks whose messages the conversation holds, in order (one per request
+    that asked something; a continuation with a tool's results adds none)."""
+    found = rows(db, "SELECT task_id FROM conversation_messages WHERE conversation_id = ? "
+                     "AND task_id IS NOT NULL ORDER BY seq", conversation)
+    return list(dict.fromkeys(task for (task,) in found))
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a city now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def test_sampling_settings_are_honoured_and_what_changes_nothing_is_accepted(served):
+    state, keys, db, _ = served
+    ai = client(state["server"], keys["alice"])
+    raw = ai.chat.completions.with_raw_response.create(
+        model="cogency", messages=[{"role": "user", "content": "options"}],
+        temperature=0.2, top_p=0.9, seed=7, max_tokens=200, stop=["\n\n"], user="u-1",
+        logprobs=False, n=1, parallel_tool_calls=True, store=True, tools=[],
+        tool_choice="none", service_tier="auto", prompt_cache_key="k", safety_identifier="s",
+        metadata={"app": "tests"}, frequency_penalty=0.5, presence_penalty=0,
+        response_format={"type": "text"}, stream_options=None, modalities=["text"],
+        extra_body={"top_k": 40})
+    completion = raw.parse()
+    assert json.loads(completion.choices[0].message.content) == {
+        "seed": 7, "temperature": 0.2, "top_p": 0.9}  # what the model was called with
+    assert completion.service_tier == "default"
+    # accepted, not applied (the agent's model takes no penalty, and no top_k): said so
+    assert raw.headers["x-cogency-not-applied"] == "frequency_penalty, top_k"
+    serial = ai.chat.completions.with_raw_response.create(
+        model="cogency", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
+        parallel_tool_calls=False)
+    assert serial.headers["x-cogency-not-applied"] == "parallel_tool_calls"
+    assert "x-cogency-not-applied" not in ai.chat.completions.with_raw_response.create(
+        model="cogency", messages=[{"role": "user", "content": "hi"}]).headers
+
+    response = ai.responses.create(
+        model="cogency", input="options", temperature=0.3, top_p=0.5, include=[],
+        truncation="disabled", text={"format": {"type": "text"}}, tool_choice="auto",
+        tools=[], parallel_tool_calls=True, max_output_tokens=300, store=True,
+        reasoning={"effort": "low"}, user="u-1", prompt_cache_key="k", metadata={"a": "b"})
+    assert json.loads(response.output_text) == {
+        "reasoning_effort": "low", "temperature": 0.3, "top_p": 0.5}
+    # what was asked is reported back, as OpenAI does
+    assert (response.temperature, response.top_p, response.tool_choice, response.tools,
+            response.parallel_tool_calls, response.max_output_tokens, response.truncation) == (
+        0.3, 0.5, "auto", [], True, 300, "disabled")
+    assert response.metadata["a"] == "b" and response.reasoning.effort == "low"
+    conversation = response.metadata["conversation_id"]
+    assert len(tasks_in(db, conversation)) == 1
+
+
+def test_system_messages_and_instructions_reach_the_model_as_the_applications(served):
+    state, keys, db, _ = served
+    ai = client(state["server"], keys["alice"])
+    chat = ai.chat.completions.create(model="cogency", messages=[
+        {"role": "system", "content": "Be terse."},
+        {"role": "developer", "content": [{"type": "text", "text": "Answer in French."}]},
+        {"role": "user", "content": "instructions"}])
+    assert chat.choices[0].message.content == "instructions: Be terse.\n\nAnswer in French."
+    response = ai.responses.create(model="cogency", instructions="Be kind.", input=[
+        {"role": "developer", "content": "Use metric units."},
+        {"role": "user", "content": "instructions"}])
+    assert response.output_text == "instructions: Be kind.\n\nUse metric units."
+    assert response.instructions == "Be kind."
+    for conversation in (chat.model_extra["conversation_id"],
+                         response.metadata["conversation_id"]):
+        # the instructions are the task's, not turns of the conversation
+        assert [role for _, role, _ in messages(db, conversation)] == ["user", "assistant"]
+
+
+def test_an_answer_schema_makes_the_answer_json(served):
+    state, keys, _, _ = served
+    ai = client(state["server"], keys["alice"])
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "degrees": {"type": "integer"}},
+              "required": ["city", "degrees"], "additionalProperties": False}
+    chat = ai.chat.completions.create(
+        model="cogency", messages=[{"role": "user", "content": "structured"}],
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "weather", "schema": schema, "strict": True}})
+    assert json.loads(chat.choices[0].message.content) == {"city": "Oslo", "degrees": 12}
+    response = ai.responses.create(model="cogency", input="structured", text={"format": {
+        "type": "json_schema", "name": "weather", "schema": schema, "strict": True}})
+    assert json.loads(response.output_text) == {"city": "Oslo", "degrees": 12}
+    assert response.text.format.type == "json_schema"  # reported back
+    # an answer the schema refuses is asked again, then a clear error (the task is kept)
+    with pytest.raises(openai.APIStatusError) as caught:
+        ai.chat.completions.create(
+            model="cogency", messages=[{"role": "user", "content": "structured"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "object", "required": ["name"]}}})
+    assert caught.value.status_code == 502 and "schema" in caught.value.message
+    assert caught.value.response.headers["x-should-retry"] == "false"
+
+
+def test_max_tokens_cuts_the_answer_and_says_so(served):
+    state, keys, _, _ = served
+    ai = client(state["server"], keys["alice"])
+    cut = ai.chat.completions.create(
+        model="cogency", max_completion_tokens=2,
+        messages=[{"role": "user", "content": "a long story about the sea"}])
+    assert cut.choices[0].finish_reason == "length"
+    assert "echo: a long story about the sea".startswith(cut.choices[0].message.content)
+    assert len(cut.choices[0].message.content) < len("echo: a long story")
+    short = ai.responses.create(model="cogency", input="a long story about the sea",
+                                max_output_tokens=2)
+    assert short.status == "incomplete"
+    assert short.incomplete_details.reason == "max_output_tokens"
+
+
+def test_client_tools_pause_the_task_and_its_results_continue_it_on_another_replica(served):
+    """The official client's function calling, on both endpoints: the model calls the
+    client's function, the reply carries the call, the client's next request with the result
+    continues the same task (on a second server process on the same database: any replica),
+    and a tool the model never calls costs nothing."""
+    state, keys, db, tmp = served
+    ai = client(state["server"], keys["alice"])
+    ask = [{"role": "user", "content": "weather Oslo"}]
+    paused = ai.chat.completions.create(model="cogency", messages=ask, tools=[WEATHER])
+    choice = paused.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "function", "get_weather", {"city": "Oslo"})
+    conversation = paused.model_extra["conversation_id"]
+    assert rows(db, "SELECT call_id, status, decider FROM task_approvals WHERE call_id = ?",
+                call.id) == [(call.id, "pending", "client")]
+
+    replica = Server(db, tmp, "--tools", "files", "--root", str(tmp / "root"), name="replica")
+    try:
+        other = client(replica, keys["alice"])
+        done = other.chat.completions.create(model="cogency", tools=[WEATHER], messages=[
+            *ask, choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "12 °C, clear"}])
+        assert done.choices[0].message.content == "the weather in Oslo: 12 °C, clear"
+        assert done.choices[0].finish_reason == "stop"
+        assert done.model_extra["conversation_id"] == conversation
+        # sending the results again finds no task waiting for them: a clear 404, no new run
+        with pytest.raises(openai.NotFoundError, match="no task of yours waits"):
+            other.chat.completions.create(model="cogency", tools=[WEATHER], messages=[
+                *ask, choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "12 °C, clear"}])
+    finally:
+        replica.stop()
+    assert len(tasks_in(db, conversation)) == 1  # one logical request, one task
+    stored = messages(db, conversation)
+    assert [role for _, role, _ in stored] == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(stored[2][2])["output"] == "12 °C, clear"
+    assert rows(db, "SELECT COUNT(*) FROM task_approvals WHERE call_id = ?", call.id) == [(0,)]
+
+    # two calls in one step, streamed: each in the chunk shape OpenAI documents
+    chunks = list(ai.chat.completions.create(
+        model="cogency", stream=True, tools=[WEATHER, TIME],
+        messages=[{"role": "user", "content": "weather and time Rome"}]))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == [
+        (0, "get_weather", {"city": "Rome"}), (1, "get_time", {"city": "Rome"})]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    both = [{"role": "tool", "tool_call_id": d.id, "content": text}
+            for d, text in zip(deltas, ("sunny", "noon"))]
+    calls = [{"id": d.id, "type": "function", "function": {
+        "name": d.function.name, "arguments": d.function.arguments}} for d in deltas]
+    with pytest.raises(openai.BadRequestError, match="get_time"):  # one result is missing
+        ai.chat.completions.create(model="cogency", messages=[
+            {"role": "user", "content": "weather and time Rome"},
+            {"role": "assistant", "tool_calls": calls}, both[0]])
+    finished = ai.chat.completions.create(model="cogency", messages=[
+        {"role": "user", "content": "weather and time Rome"},
+        {"role": "assistant", "tool_calls": calls}, *both])
+    assert finished.choices[0].message.content == "the weather in Rome: sunny; noon"
+
+    # tool_choice: a named function (or allowed_tools) is the only one offered, and a call
+    # is asked for in the application's instructions; "required" asks for one of them
+    named = ai.chat.completions.create(
+        model="cogency", tools=[WEATHER, TIME], messages=[
+            {"role": "user", "content": "instructions"}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.choices[0].message.content == (
+        "instructions: Before your final answer, call get_weather once (the application "
+        "requires a call to it)")
+    required = ai.chat.completions.create(
+        model="cogency", tools=[WEATHER, TIME], tool_choice="required", messages=[
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "instructions"}])
+    assert required.choices[0].message.content == (
+        "instructions: Be brief.\n\nBefore your final answer, call at least one of get_weather, "
+        "get_time (the application requires it)")
+    allowed = ai.chat.completions.create(
+        model="cogency", tools=[WEATHER, TIME], messages=ask,
+        tool_choice={"type": "allowed_tools", "allowed_tools": {
+            "mode": "auto", "tools": [{"type": "function", "function": {"name": "get_time"}}]}})
+    assert allowed.choices[0].message.content == "I have no weather tool"
+    # tool_choice "none": the client's tools are not offered; a tool never called costs nothing
+    none = ai.chat.completions.create(model="cogency", messages=ask, tools=[WEATHER],
+                                      tool_choice="none")
+    assert none.choices[0].message.content == "I have no weather tool"
+    idle = ai.chat.completions.create(model="cogency", tools=[WEATHER],
+                                      messages=[{"role": "user", "content": "hello"}])
+    assert idle.choices[0].message.content == "echo: hello"
+    assert rows(db, "SELECT COUNT(*) FROM task_approvals WHERE decider = 'client'") == [(0,)]
+
+
+def test_responses_function_calls_continue_by_previous_response_id_and_are_retrievable(served):
+    state, keys, db, _ = served
+    ai = client(state["server"], keys["alice"])
+    tool = {"type": "function", "name": "get_weather", "description": "The weather now.",
+            "parameters": WEATHER["function"]["parameters"], "strict": True}
+    with ai.responses.stream(model="cogency", input="weather Lisbon", tools=[tool]) as stream:
+        kinds = [event.type for event in stream]
+        paused = stream.get_final_response()
+    assert "response.function_call_arguments.done" in kinds
+    assert kinds[-1] == "response.completed" and paused.status == "completed"
+    [call] = paused.output
+    assert (call.type, call.name, json.loads(call.arguments)) == (
+        "function_call", "get_weather", {"city": "Lisbon"})
+    assert paused.tools[0].name == "get_weather"  # what was asked, reported back
+    waiting = ai.responses.retrieve(paused.id)  # while it waits: the call it asked for
+    assert [(o.type, o.call_id) for o in waiting.output] == [("function_call", call.call_id)]
+    answer = ai.responses.create(
+        model="cogency", previous_response_id=paused.id, tools=[tool],
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 °C"}])
+    assert answer.output_text == "the weather in Lisbon: 21 °C"
+    assert answer.id != paused.id
+    conversation = answer.metadata["conversation_id"]
+    assert conversation == paused.metadata["conversation_id"]
+    assert len(tasks_in(db, conversation)) == 1
+
+    # both responses, as stored, for their user only
+    again = ai.responses.retrieve(paused.id)
+    assert [(o.type, o.call_id, o.name) for o in again.output] == [
+        ("function_call", call.call_id, "get_weather")]
+    assert ai.responses.retrieve(answer.id).output_text == "the weather in Lisbon: 21 °C"
+    with pytest.raises(openai.NotFoundError):
+        client(state["server"], keys["bob"]).responses.retrieve(answer.id)
+    with pytest.raises(openai.NotFoundError):
+        ai.responses.retrieve("resp_garbage")
+
+
+def test_responses_input_that_resends_earlier_turns_continues_their_conversation(served):
+    state, keys, db, _ = served
+    ai = client(state["server"], keys["alice"])
+    first = ai.responses.create(model="cogency", input="my name is Grace")
+    conversation = first.metadata["conversation_id"]
+    again = ai.responses.create(model="cogency", input=[
+        {"role": "user", "content": "my name is Grace"},
+        {"type": "message", "role": "assistant", "id": first.output[0].id, "status": "completed",
+         "content": [{"type": "output_text", "text": first.output_text, "annotations": []}]},
+        {"role": "user", "content": "recall"}])
+    assert again.output_text == "you said: my name is Grace"
+    assert again.metadata["conversation_id"] == conversation
+    assert [content for _, role, content in messages(db, conversation) if role == "user"] == [
+        "my name is Grace", "recall"]

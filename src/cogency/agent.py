@@ -55,6 +55,8 @@ STOP_REASONS = (
     "completed", "security", "max_iterations", "no_progress", "repeated_calls",
     "invalid_response", "error", "cancelled", "awaiting_approval", "awaiting_tool_results",
 )
+PAUSED = ("awaiting_approval", "awaiting_tool_results")
+"""Stop reasons of a task that waits for a decision or a client's result (it is kept)."""
 NO_PROGRESS_LIMIT = 3
 """Consecutive steps with neither a response nor an action before the run stops."""
 REPEAT_LIMIT = 3
@@ -195,12 +197,13 @@ class Agent:
         options: Mapping[str, Any] | None = None,
         client_tools: Sequence[Mapping[str, Any]] | None = None,
         output_schema: Mapping[str, Any] | None = None,
+        keep: bool = True,
     ) -> AgentResult:
         """Run a new task to its end and return what it produced (the keyword arguments:
         see :meth:`stream`)."""
         return await self._collect(self.stream(
             query, user_id, conversation_id, instructions=instructions, options=options,
-            client_tools=client_tools, output_schema=output_schema))
+            client_tools=client_tools, output_schema=output_schema, keep=keep))
 
     async def resume(
         self, task_id: str, user_id: str = "default", *,
@@ -233,6 +236,7 @@ class Agent:
         options: Mapping[str, Any] | None = None,
         client_tools: Sequence[Mapping[str, Any]] | None = None,
         output_schema: Mapping[str, Any] | None = None,
+        keep: bool = True,
     ) -> AsyncIterator[Event]:
         """Run a new task, yielding its events as they happen; the last one is ``end``.
 
@@ -249,11 +253,20 @@ class Agent:
         the model may call, each call pausing the task (``awaiting_tool_results``) until
         ``resume(results=...)``; ``output_schema``, a JSON schema the answer must be valid
         for. Anything wrong with them raises :class:`~cogency.errors.UsageError` here.
+
+        ``keep=False`` runs a one-off task (a chat UI's title request; OpenAI's
+        ``store: false``): in a new conversation of its own (so no ``conversation_id``), which
+        is deleted from the store with everything of the task once the task ends, and nothing
+        is learned from it. A task that pauses (for an approval or a client's tool) is kept
+        until the resume that ends it.
         """
         check_id(user_id, "user_id")
         if not isinstance(query, str) or not query.strip():
             raise UsageError("query must be a non-empty string")
-        request = ClientRequest.build(instructions, options, client_tools, output_schema)
+        if keep is False and conversation_id is not None:
+            raise UsageError("a run that keeps nothing (keep=False) has a conversation of its "
+                             "own, deleted when it ends: leave conversation_id out")
+        request = ClientRequest.build(instructions, options, client_tools, output_schema, keep)
         request.tools_with(self.tools)  # a clash with an MCP server's tool: when it is listed
         request.model(self.llm)  # refuses what the model cannot honour, before anything runs
         if request:
@@ -550,10 +563,13 @@ class Agent:
                     exc, (StoreLockedError, LeaseLostError)))
             raise
         await self._settle(state, runner)
+        if not request.keep and ex.stop_reason not in PAUSED:
+            await self.store.delete_conversation(state.conversation.conversation_id, user_id)
         if ex.response is not None:
-            # Only once it is stored: a caller that stops reading here loses nothing.
+            # Only once it is stored (or, keeping nothing, deleted): a caller that stops
+            # reading here loses nothing.
             emit(Response(task, ex.response))
-        if self.memory is not None and ex.stop_reason == "completed":
+        if self.memory is not None and ex.stop_reason == "completed" and request.keep:
             # In the background: the answer never waits for learning; close() settles it.
             self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
         for call in waiting:  # after the save above: each can be decided as soon as it is seen

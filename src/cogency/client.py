@@ -19,6 +19,9 @@ the task (``TaskRecord.settings["client"]``) so a resume, in any process, runs i
   ``Agent.resume(results=...)`` brings its result.
 - ``output_schema``: the answer must be JSON valid for it (checked with bounded work; a reply
   that is not is asked again with the error). Providers with structured output enforce it.
+- ``keep=False``: a one-off task (a chat UI's title request, OpenAI's ``store: false``): it runs
+  in a conversation of its own, which is deleted with everything of the task once the task
+  ends (unless it pauses: then when a resume ends it), and nothing is learned from it.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ INSTRUCTIONS_HEAD = (
     "they do not conflict with those rules):"
 )
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_REF_KEYS = ('"$ref"', '"$defs"', '"definitions"', '"$schema"', '"$id"')
+"""The keys :func:`~cogency._jsonschema.inline_refs` replaces or drops, as they appear in
+:func:`~cogency._json.dumps` output."""
 
 
 async def _runs_at_the_client(**args: Any) -> Any:
@@ -86,6 +92,7 @@ class ClientRequest:
     options: dict[str, Any] = field(default_factory=dict)
     tools: tuple[ClientTool, ...] = ()
     output_schema: dict[str, Any] | None = None
+    keep: bool = True
 
     @classmethod
     def build(
@@ -94,8 +101,11 @@ class ClientRequest:
         options: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         output_schema: Mapping[str, Any] | None = None,
+        keep: bool = True,
     ) -> ClientRequest:
         """The request, or a :class:`~cogency.errors.UsageError` saying what to change."""
+        if not isinstance(keep, bool):
+            raise UsageError("keep must be True or False")
         if instructions is not None and not isinstance(instructions, str):
             raise UsageError("instructions must be a string")
         instructions = (instructions or "").strip()
@@ -110,6 +120,7 @@ class ClientRequest:
             tools=_client_tools(tools or ()),
             output_schema=None if output_schema is None else _schema(
                 output_schema, "output_schema"),
+            keep=keep,
         )
 
     @classmethod
@@ -119,11 +130,11 @@ class ClientRequest:
         if not isinstance(stored, Mapping):
             raise UsageError(f"the task's settings hold a {SETTINGS_KEY!r} that is not an object")
         return cls.build(stored.get("instructions"), stored.get("options"), stored.get("tools"),
-                         stored.get("output_schema"))
+                         stored.get("output_schema"), stored.get("keep", True))
 
     def __bool__(self) -> bool:
         return bool(self.instructions or self.options or self.tools
-                    or self.output_schema is not None)
+                    or self.output_schema is not None or not self.keep)
 
     def settings(self) -> dict[str, Any]:
         """What is stored with the task: ``{"client": {...}}``, or ``{}`` for no request."""
@@ -138,6 +149,8 @@ class ClientRequest:
             stored["tools"] = [tool.definition() for tool in self.tools]
         if self.output_schema is not None:
             stored["output_schema"] = self.output_schema
+        if not self.keep:
+            stored["keep"] = False
         return {SETTINGS_KEY: stored}
 
     def model(self, llm: LLM) -> LLM:
@@ -368,18 +381,22 @@ def _schema(given: Any, what: str) -> dict[str, Any]:
     if not isinstance(given, Mapping):
         raise UsageError(f"{what} must be a JSON schema (an object)")
     try:
-        size = len(dumps(given))
+        text = dumps(given)
     except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{what} must be JSON ({type(exc).__name__})") from exc
-    if size > MAX_SCHEMA_BYTES:
-        raise UsageError(f"{what} is {size:,} bytes, more than {MAX_SCHEMA_BYTES:,}")
-    try:
-        schema = inline_refs(json.loads(dumps(given)))
-    except SchemaError as exc:
-        raise UsageError(f"{what}: {exc}") from exc
-    if len(dumps(schema)) > MAX_SCHEMA_BYTES:
-        raise UsageError(f"{what} is more than {MAX_SCHEMA_BYTES:,} bytes once its references "
-                         "are inlined")
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise UsageError(f"{what} is {len(text):,} bytes, more than {MAX_SCHEMA_BYTES:,}")
+    schema = json.loads(text)  # a copy, of JSON values only
+    # Most definitions have no reference (an Open WebUI chat sends 28 with every message):
+    # only one that names a key inline_refs handles is walked, and measured again.
+    if any(key in text for key in _REF_KEYS):
+        try:
+            schema = inline_refs(schema)
+        except SchemaError as exc:
+            raise UsageError(f"{what}: {exc}") from exc
+        if len(dumps(schema)) > MAX_SCHEMA_BYTES:
+            raise UsageError(f"{what} is more than {MAX_SCHEMA_BYTES:,} bytes once its "
+                             "references are inlined")
     if depth(schema) > MAX_SCHEMA_DEPTH:
         raise UsageError(f"{what} nests more than {MAX_SCHEMA_DEPTH} levels deep")
     return schema

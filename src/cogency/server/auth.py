@@ -59,6 +59,22 @@ class Caller:
             return None
         return await self._store.find_conversation_by_turns(self.user_id, digest)
 
+    async def find_call(self, call_id: str) -> str | None:
+        """The user's unfinished task that has the waiting call ``call_id``, if any."""
+        return await self._store.find_call(self.user_id, call_id)
+
+    async def task_messages(self, task_id: str) -> list[dict[str, Any]]:
+        """The messages a task of the user wrote (none for another user's)."""
+        return await self._store.load_task_messages(task_id, self.user_id)
+
+    async def approvals(self, task_id: str) -> list[dict[str, Any]]:
+        """An unfinished task's waiting calls (``NotFoundError`` for another user's)."""
+        return await self._store.load_approvals(task_id, self.user_id)
+
+    def model_options(self, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """See :meth:`.Runs.model_options`."""
+        return self._runs.model_options(options)
+
     async def tasks(self) -> list[TaskRecord]:
         return await self._store.list_tasks(self.user_id)
 
@@ -92,17 +108,17 @@ class Caller:
     async def run(self, query: str, conversation_id: str | None,
                   history: Sequence[tuple[str, str]] = (),
                   find: Callable[[], Awaitable[str | None]] | None = None,
-                  once: Once | None = None) -> Run:
-        """A run as this user (``find``, ``once``: see :meth:`.Runs.start`)."""
+                  once: Once | None = None, asks: dict[str, Any] | None = None) -> Run:
+        """A run as this user (``find``, ``once``, ``asks``: see :meth:`.Runs.start`)."""
         return await self._runs.start(
             self.user_id, self.key_id, query=query, conversation_id=conversation_id,
-            history=history, find=find, once=once,
+            history=history, find=find, once=once, asks=asks,
         )
 
     async def resume(self, task_id: str, approvals: dict[str, bool] | None = None,
-                     once: Once | None = None) -> Run:
+                     once: Once | None = None, results: dict[str, Any] | None = None) -> Run:
         return await self._runs.start(self.user_id, self.key_id, task_id=task_id,
-                                      approvals=approvals, once=once)
+                                      approvals=approvals, once=once, results=results)
 
 
 async def caller(

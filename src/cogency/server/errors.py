@@ -29,6 +29,9 @@ from ..errors import (
 log = logging.getLogger("cogency.server")
 
 
+NOT_APPLIED = "X-Cogency-Not-Applied"
+"""The header naming the fields of an OpenAI request that were accepted but changed nothing
+(a penalty, or an option the agent's model cannot take): never ignored silently."""
 NO_RETRY = {"x-should-retry": "false"}
 """On every error told after a run started: the OpenAI SDKs (and others built on Stainless)
 obey it, where they would retry a 409 or 5xx twice and so run the agent twice more."""
@@ -54,6 +57,12 @@ class Unsupported(ServiceError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class InvalidValue(Unsupported):
+    """A request field whose value is out of its range."""
+
+    kind = "invalid_value"
 
 
 class Unauthorized(ServiceError):

@@ -1,231 +1,224 @@
-"""OpenAI-compatible endpoints: ``/v1/chat/completions``, ``/v1/responses``, ``/v1/models``.
+"""OpenAI-compatible endpoints: ``/v1/chat/completions``, ``/v1/responses`` (and
+``GET /v1/responses/{id}``), ``/v1/models``.
 
 The key from ``cogency keys create`` is the client's ``api_key``; the user is the key's user.
-Which Cogency conversation a request continues:
+What each request field does is :mod:`.openai_requests`'s to say. Which Cogency conversation a
+request continues:
 
 - ``/v1/responses``: ``previous_response_id`` continues the conversation of that response
   (its id carries the conversation's id, so this survives restarts and works on any replica);
+  ``conversation`` names one;
 - either endpoint: ``metadata: {"conversation_id": ID}`` continues that conversation;
-- ``/v1/chat/completions`` naming none, with earlier turns (what a chat UI resends): the
-  user's most recently updated conversation whose turns are exactly those, in order (the
-  user's queries and Cogency's final answers, each compared without leading and trailing
-  whitespace; tool calls and results are not turns), found by one indexed lookup of a digest
-  of them (the store keeps each conversation's). Turns that match none (edited, regenerated,
-  or from elsewhere) start a new conversation that stores them first, so the model has the
-  context the client shows (the newest whole turns that fit the history window; never
-  another conversation's);
+- naming none, with earlier turns (what a chat UI, or an SDK that keeps the history itself,
+  resends): the user's most recently updated conversation whose turns are exactly those, in
+  order (the user's queries and Cogency's final answers, each compared without leading and
+  trailing whitespace; tool calls and results are not turns), found by one indexed lookup of
+  a digest of them (the store keeps each conversation's). Turns that match none (edited,
+  regenerated, or from elsewhere) start a new conversation that stores them first, so the
+  model has the context the client shows (the newest whole turns that fit the history
+  window; never another conversation's);
 - otherwise a new conversation, whose id (made by the server) the reply carries
   (``conversation_id`` at the top level and in ``metadata``, and the
   ``X-Cogency-Conversation-Id`` header, percent-encoded where it holds anything but ASCII
   letters, digits and ``-._~``).
 
 A conversation a client names must be one of its user's (404 otherwise, as for one that
-does not exist): clients never choose the id of a new conversation.
+does not exist): clients never choose the id of a new conversation. ``store: false`` runs in a
+conversation of its own that is deleted when the run ends (nothing is learned from it).
 
-Cogency keeps each conversation's history itself: the query is the last user message, and
-earlier messages a client resends for a stored conversation are not sent to the model
-again (``/v1/responses`` input with earlier turns but no ``previous_response_id`` gets a 400
-saying so). Fields Cogency cannot honour (``tools``, ``n`` > 1, ``temperature``, system
-instructions, …) get a 400 in OpenAI's error shape naming the field, never silent ignoring.
+The client's functions (``tools``) are offered to the model with the agent's own; a call to
+one pauses the task durably (a waiting call with decider ``client``) and the reply carries
+it (``tool_calls``, finish reason ``tool_calls``; Responses: ``function_call`` items). The
+client's next request with the results (``tool`` messages; ``function_call_output`` items)
+continues that task, found by the call's id, on any replica and after a restart.
+
+Streaming sends the answer as the model writes it (``response_delta`` events); the agent's own
+steps (its reasoning, its own tool calls) are not sent here (``/api/runs`` streams them).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
+import json
 import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import NotFoundError
 from . import sse
 from .auth import Caller, caller
-from .errors import AwaitingApproval, ModelNotFound, RunFailed, Unsupported, openai_body
+from .errors import NOT_APPLIED, AwaitingApproval, ModelNotFound, RunFailed, openai_body
+from .openai_requests import (
+    MODEL,
+    Asked,
+    ChatRequest,
+    ResponsesRequest,
+    chat_asked,
+    response_id,
+    response_parts,
+    responses_asked,
+)
 from .runs import Run
 from .wire import Json, dumps
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(caller)], tags=["openai"])
 
-MODEL = "cogency"
-"""The id ``/v1/models`` lists: the served agent (whatever model it reasons with)."""
 _HEADER = "X-Cogency-Conversation-Id"
-MAX_MESSAGES = 500
-"""The most messages a chat request may carry (each resent turn is compared and may be stored)."""
-
-
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
-    metadata: dict[str, str] | None = None
-    n: int | None = None
-    store: bool | None = None
-
-
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    input: str | list[dict[str, Any]]
-    previous_response_id: str | None = None
-    stream: bool | None = False
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    instructions: str | None = None
-    tools: list[Any] | None = None
+_MODEL = {"id": MODEL, "object": "model", "created": 0, "owned_by": "cogency"}
 
 
 @router.get("/models", summary="The served agent, as a model")
 async def list_models() -> dict[str, Any]:
-    return {"object": "list",
-            "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "cogency"}]}
+    return {"object": "list", "data": [_MODEL]}
+
+
+@router.get("/models/{model_id}", summary="The served agent, as a model")
+async def get_model(model_id: str) -> dict[str, Any]:
+    if model_id != MODEL:
+        raise ModelNotFound(f"the model {model_id[:80]!r} is not served here; "
+                            f"use {MODEL!r} (GET /v1/models)")
+    return _MODEL
 
 
 @router.post("/chat/completions", summary="Chat Completions (OpenAI-compatible)")
 async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> Any:
-    _check(body, "chat.completions")
-    if body.n not in (None, 1):
-        raise Unsupported("n must be 1: the agent gives one answer per run", "n")
-    include_usage = bool((body.stream_options or {}).get("include_usage"))
-    conversation = (body.metadata or {}).get("conversation_id")
-    if len(body.messages) > MAX_MESSAGES:
-        raise Unsupported(
-            f"a request carries at most {MAX_MESSAGES} messages, this one {len(body.messages)}: "
-            "Cogency keeps the history, so name the conversation (metadata.conversation_id) "
-            "and send only the new message", "messages")
-    query = _query(body.messages, "messages")
-    history: list[tuple[str, str]] = []
-    if conversation is None:  # resent turns: the conversation they are, or a new one's start
-        history = [(m["role"], _text(m.get("content"), "messages")) for m in body.messages[:-1]]
-    run = await me.run(query, conversation, history,
-                       find=(lambda: me.conversation_with_turns(history)) if history else None,
-                       once=me.once(body))
+    asked = chat_asked(body)
+    run = await _start(me, asked, body)
     created = int(time.time())
+    after = _after(asked)
+    headers = _headers(run.conversation_id, asked)
     if body.stream:
-        each, end = _chat_chunks(run, created, include_usage)
-        return sse.response(run, each, end, _header(run.conversation_id))
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        each, end = _chat_chunks(run, created, include_usage, after)
+        return sse.response(run, each, end, headers)
     result = await _finished(run)
+    calls = _client_calls(result)
+    if calls is None:
+        message: dict[str, Any] = {"role": "assistant", "content": result["response"],
+                                   "refusal": None}
+        finish = "length" if result.get("truncated") else "stop"
+    else:
+        message = {"role": "assistant", "content": None, "refusal": None,
+                   "tool_calls": [_chat_call(call) for call in calls]}
+        finish = "tool_calls"
     completion = {
-        "id": f"chatcmpl-{result['task_id']}",
+        "id": _chat_id(result["task_id"], after),
         "object": "chat.completion",
         "created": created,
         "model": MODEL,
-        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                     "message": {"role": "assistant", "content": result["response"],
-                                 "refusal": None}}],
+        "choices": [{"index": 0, "finish_reason": finish, "logprobs": None,
+                     "message": message}],
         "usage": _chat_usage(result),
         "conversation_id": result["conversation_id"],
+        "service_tier": "default",
         "system_fingerprint": None,
     }
-    return _with_header(completion, result["conversation_id"])
+    return Json(completion, headers=_headers(result["conversation_id"], asked))
 
 
 @router.post("/responses", summary="Responses (OpenAI-compatible)")
 async def responses(body: ResponsesRequest, me: Caller = Depends(caller)) -> Any:
-    _check(body, "responses")
-    if body.instructions is not None:
-        raise Unsupported("instructions are not supported: the agent has its own",
-                          "instructions")
-    if body.tools:
-        raise Unsupported("tools cannot be supplied by the client: the agent has its own",
-                          "tools")
-    conversation = (body.metadata or {}).get("conversation_id")
-    if body.previous_response_id is not None:
-        conversation = _conversation_of(body.previous_response_id)
-    items = ([{"role": "user", "content": body.input}] if isinstance(body.input, str)
-             else body.input)
-    query = _query(items, "input")
-    if len(items) > 1 and conversation is None:
-        raise Unsupported(
-            "input holds earlier turns but names no conversation: Cogency keeps the history "
-            "itself; continue with previous_response_id (or metadata.conversation_id), or "
-            "send only the new user message", "input")
-    run = await me.run(query, conversation, once=me.once(body))
+    asked = responses_asked(body)
+    run = await _start(me, asked, body)
     created = int(time.time())
+    after = _after(asked)
     if body.stream:
-        each, end = _response_events(run, created, body)
-        return sse.response(run, each, end, _header(run.conversation_id))
+        each, end = _response_events(run, created, body, after)
+        return sse.response(run, each, end, _headers(run.conversation_id, asked))
     result = await _finished(run)
-    return _with_header(_response_object(result, created, body, "completed"),
-                        result["conversation_id"])
+    conversation = result["conversation_id"]
+    rid = response_id(conversation, result["task_id"], after)
+    output, status = _output(result, rid)
+    return Json(_response_object(rid, conversation, created, status, output, result["usage"],
+                                 body), headers=_headers(conversation, asked))
+
+
+@router.get("/responses/{response_id}", summary="A response, as stored (Responses API)")
+async def get_response(response_id: str, me: Caller = Depends(caller)) -> Any:
+    """The response rebuilt from what the conversation stored: its answer, or the calls of
+    your functions it asked for. Only yours (another user's id is not found)."""
+    conversation, task, call = response_parts(response_id)
+    missing = NotFoundError(f"no response {response_id[:80]!r} among yours")
+    if task is None:
+        raise missing
+    messages = await me.task_messages(task)
+    if not messages:
+        raise missing
+    # A response is the part of the task's messages from the results its request sent (the
+    # first response: from the start) to the results of the next request.
+    results = [_waited_result(m) for m in messages]
+    start = 0
+    if call is not None:
+        found = [i for i, r in enumerate(results) if r is not None and r["id"] == call]
+        if not found:
+            raise missing
+        start = found[0]
+        while start > 0 and results[start - 1] is not None:
+            start -= 1  # the first of the results that request sent
+    end = next((i for i in range(start + 1, len(messages))
+                if results[i] is not None and results[i - 1] is None), len(messages))
+    answers = [m["content"] for m in messages[start:end] if m["role"] == "assistant"
+               and not m["content"].startswith('{"actions"')]
+    if answers:
+        output = [_message_item(response_id, answers[-1])]
+    elif end < len(messages):  # it paused; the results of the next request follow
+        called = itertools.takewhile(lambda r: r is not None, results[end:])
+        output = [_function_call(r) for r in called if r is not None]
+    else:
+        try:
+            waiting = await me.approvals(task)
+        except NotFoundError:
+            waiting = []
+        output = [_function_call(c) for c in waiting
+                  if c["decider"] == "client" and c["status"] == "pending"]
+    status = "completed" if output else "incomplete"
+    created = _timestamp(messages[start].get("created_at"))
+    return _response_object(response_id, conversation, created, status, output, None, None)
 
 
 # -- requests -----------------------------------------------------------------------------------
 
 
-def _check(body: ChatRequest | ResponsesRequest, endpoint: str) -> None:
-    if body.model != MODEL:
-        raise ModelNotFound(f"the model {body.model[:80]!r} is not served here; "
-                            f"use {MODEL!r} (GET /v1/models)")
-    if body.store is False:
-        raise Unsupported("store=false is not supported: Cogency keeps every conversation "
-                          "(DELETE /api/profile forgets it)", "store")
-    extra = sorted(name for name, value in (body.model_extra or {}).items()
-                   if value is not None)
-    if extra:
-        raise Unsupported(
-            f"{extra[0]!r} is not supported by {endpoint} on Cogency: the agent decides its "
-            f"own model settings, tools and instructions; remove the field", extra[0]
-        )
+async def _start(me: Caller, asked: Asked, body: ChatRequest | ResponsesRequest) -> Run:
+    """The run a request starts: a new one, or the continuation of the task that waits for
+    the results it brings."""
+    once = me.once(body) if asked.keep else None  # a run that keeps nothing leaves no record
+    if asked.query is None:
+        first = next(iter(asked.results))
+        task = asked.task_id or await me.find_call(first)
+        if task is None:
+            raise NotFoundError(
+                f"no task of yours waits for the result of call {first[:80]!r} (it was answered "
+                "already, or is not yours): send a user message to go on")
+        return await me.resume(task, once=once, results=asked.results)
+    asked.options, dropped = me.model_options(asked.options)
+    asked.not_applied += dropped
+    history = asked.history if asked.conversation_id is None else []
+    find = None
+    if history and asked.keep:  # resent turns: the conversation they are, or a new one's start
+        def find() -> Any:
+            return me.conversation_with_turns(history)
+    return await me.run(asked.query, asked.conversation_id, history, find=find, once=once,
+                        asks=asked.run_options())
 
 
-def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") not in (
-                    "text", "input_text", "output_text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise Unsupported(f"content parts of type {kind!r} are not supported: "
-                                  "send text", where)
-            parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    raise Unsupported("message content must be text or a list of text parts", where)
+def _after(asked: Asked) -> str | None:
+    """The call whose result a continuation brought first: it tells its response apart from
+    the task's earlier ones."""
+    return next(iter(asked.results), None) if asked.query is None else None
 
 
-def _query(items: list[dict[str, Any]], where: str) -> str:
-    """The last user message, after checking the rest of ``items`` can be honoured."""
-    for item in items:
-        role = item.get("role")
-        if item.get("type", "message") != "message" or role not in ("user", "assistant"):
-            what = role or item.get("type")
-            raise Unsupported(
-                f"{where} items of role/type {what!r} are not supported: send user and "
-                "assistant messages (the agent has its own instructions and tools)", where)
-    if items[-1].get("role") != "user":
-        raise Unsupported(f"the last of {where} must be a user message: it is the query", where)
-    query = _text(items[-1].get("content"), where)
-    if not query.strip():
-        raise Unsupported("the last user message is empty", where)
-    return query
-
-
-def _response_id(conversation_id: str, task_id: str) -> str:
-    token = base64.urlsafe_b64encode(conversation_id.encode()).decode().rstrip("=")
-    return f"resp_{token}.{task_id.replace('-', '')}"
-
-
-def _conversation_of(response_id: str) -> str:
-    """The conversation a response id names (a forged one names one the key's user must own:
-    the run is refused as not found otherwise)."""
-    try:
-        token = response_id.removeprefix("resp_").rsplit(".", 1)[0]
-        conversation = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        if not response_id.startswith("resp_") or not conversation:
-            raise ValueError(response_id)
-        return conversation
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise NotFoundError(f"no response {response_id[:80]!r}") from exc
+def _headers(conversation_id: str, asked: Asked) -> dict[str, str]:
+    """The conversation's id (percent-encoded: any id fits in a header), and the fields that
+    were accepted but changed nothing."""
+    headers = {_HEADER: quote(conversation_id, safe="-._~")}
+    if asked.not_applied:
+        headers[NOT_APPLIED] = ", ".join(dict.fromkeys(asked.not_applied))
+    return headers
 
 
 # -- answers ------------------------------------------------------------------------------------
@@ -233,9 +226,17 @@ def _conversation_of(response_id: str) -> str:
 
 async def _finished(run: Run) -> dict[str, Any]:
     result = await run.finished()
-    if result["response"] is None:
+    if result["response"] is None and _client_calls(result) is None:
         raise _unanswered(result)
     return result
+
+
+def _client_calls(result: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The calls of the client's tools a run paused for (None: it did not pause for them)."""
+    if result["stop_reason"] != "awaiting_tool_results":
+        return None
+    return [call for call in result["pending_approvals"]
+            if call.get("decider", "person") == "client"]
 
 
 def _unanswered(result: dict[str, Any]) -> AwaitingApproval | RunFailed:
@@ -257,13 +258,13 @@ def _chat_usage(result: dict[str, Any]) -> dict[str, int]:
             "total_tokens": usage["input_tokens"] + usage["output_tokens"]}
 
 
-def _header(conversation_id: str) -> dict[str, str]:
-    """The conversation's id as a header (percent-encoded: any id fits in one)."""
-    return {_HEADER: quote(conversation_id, safe="-._~")}
+def _chat_id(task_id: str, after: str | None) -> str:
+    return f"chatcmpl-{task_id}" + (f"-{after.removeprefix('call_')}" if after else "")
 
 
-def _with_header(payload: dict[str, Any], conversation_id: str) -> Json:
-    return Json(payload, headers=_header(conversation_id))
+def _chat_call(call: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call["id"], "type": "function",
+            "function": {"name": call["name"], "arguments": dumps(call["args"])}}
 
 
 def _data(payload: Any, event: str | None = None) -> bytes:
@@ -286,52 +287,119 @@ def _failure(run: Run) -> dict[str, Any]:
     return dict(openai_body(status, kind, message)["error"])
 
 
-def _chat_chunks(run: Run, created: int, include_usage: bool) -> tuple[sse.Format, sse.End]:
+class _Streamed:
+    """The answer as a stream sends it: each ``response_delta`` as it comes, then whatever of
+    the ``response`` the deltas did not carry.
+
+    An SSE client cannot take text back, so when the agent starts its answer again (a reply
+    that turned out invalid, then an answer that differs from what was sent: a ``restart``)
+    the new answer follows what was sent after a blank line; the stored answer, and the final
+    events that carry a whole response, hold the answer alone."""
+
+    def __init__(self) -> None:
+        self.sent = ""
+        self._since = ""  # the answer's text since the last restart
+        self._broken = False
+
+    def piece(self, text: str, restart: bool) -> str:
+        if restart:
+            self._since, self._broken = "", bool(self.sent)
+        return self._add(text)
+
+    def rest(self, answer: str) -> str:
+        if answer.startswith(self._since):
+            return self._add(answer[len(self._since):])
+        self._since, self._broken = "", bool(self.sent)
+        return self._add(answer)
+
+    def _add(self, text: str) -> str:
+        if not text:
+            return ""
+        out = f"\n\n{text}" if self._broken else text
+        self._broken = False
+        self._since += text
+        self.sent += out
+        return out
+
+
+def _chat_chunks(run: Run, created: int, include_usage: bool,
+                 after: str | None) -> tuple[sse.Format, sse.End]:
     base = {"id": "", "object": "chat.completion.chunk", "created": created, "model": MODEL,
-            "system_fingerprint": None, "conversation_id": run.conversation_id}
+            "service_tier": "default", "system_fingerprint": None,
+            "conversation_id": run.conversation_id}
+    text = _Streamed()
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return _data({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                           "logprobs": None}]})
 
     def each(event: dict[str, Any]) -> Iterable[bytes]:
-        base["id"] = f"chatcmpl-{event['task_id']}"
-        if event["type"] == "start":
-            yield _data({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                    "content": ""},
-                                              "finish_reason": None, "logprobs": None}]})
-        elif event["type"] == "response":
-            yield _data({**base, "choices": [{"index": 0, "delta": {"content": event["text"]},
-                                              "finish_reason": None, "logprobs": None}]})
+        kind = event["type"]
+        if kind == "start":
+            base["id"] = _chat_id(event["task_id"], after)
+            base["conversation_id"] = run.conversation_id
+            yield chunk({"role": "assistant", "content": ""})
+        elif kind in ("response_delta", "response"):
+            piece = (text.piece(event["text"], event["restart"]) if kind == "response_delta"
+                     else text.rest(event["text"]))
+            if piece:
+                yield chunk({"content": piece})
 
     def end() -> Iterable[bytes]:
-        if not _answered(run):
-            yield _data({"error": _failure(run)})
+        calls = _client_calls(run.summary()) if run.failure is None else None
+        if _answered(run):
+            yield chunk({}, "length" if run.summary().get("truncated") else "stop")
+        elif calls is not None:
+            for index, call in enumerate(calls):
+                yield chunk({"tool_calls": [{"index": index, **_chat_call(call)}]})
+            yield chunk({}, "tool_calls")
         else:
-            yield _data({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
-                                              "logprobs": None}]})
-            if include_usage:
-                yield _data({**base, "choices": [], "usage": _chat_usage(run.summary())})
+            yield _data({"error": _failure(run)})
+        if include_usage and run.failure is None and (calls is not None or _answered(run)):
+            yield _data({**base, "choices": [], "usage": _chat_usage(run.summary())})
         yield b"data: [DONE]\n\n"
 
     return each, end
 
 
-def _response_object(result: dict[str, Any], created: int, body: ResponsesRequest,
-                     status: str, text: str | None = None) -> dict[str, Any]:
-    conversation = result["conversation_id"]
-    answer = result.get("response") if text is None else text
-    output = [] if answer is None else [{
-        "type": "message", "id": f"msg_{result['task_id'].replace('-', '')}",
-        "status": "completed", "role": "assistant",
-        "content": [{"type": "output_text", "text": answer, "annotations": []}],
-    }]
-    usage = result.get("usage")
+# -- the Responses API --------------------------------------------------------------------------
+
+
+def _message_item(rid: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "id": f"msg_{rid.removeprefix('resp_')}", "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _function_call(call: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call['id'].removeprefix('call_')}",
+            "call_id": call["id"], "name": call["name"], "arguments": dumps(call["args"]),
+            "status": "completed"}
+
+
+def _output(result: dict[str, Any], rid: str) -> tuple[list[dict[str, Any]], str]:
+    """A finished run's output items and status."""
+    calls = _client_calls(result)
+    if calls is not None:
+        return [_function_call(call) for call in calls], "completed"
+    return ([_message_item(rid, result["response"])],
+            "incomplete" if result.get("truncated") else "completed")
+
+
+def _response_object(rid: str, conversation: str, created: int, status: str,
+                     output: list[dict[str, Any]], usage: dict[str, Any] | None,
+                     body: ResponsesRequest | None) -> dict[str, Any]:
+    """A Response, reporting back what the request asked (a rebuilt one: the defaults)."""
+    asked: dict[str, Any] = {} if body is None else body.model_dump(exclude_none=True)
     return {
-        "id": _response_id(conversation, result["task_id"]),
+        "id": rid,
         "object": "response",
         "created_at": created,
         "status": status,
         "model": MODEL,
         "output": output,
-        "previous_response_id": body.previous_response_id,
-        "metadata": {**(body.metadata or {}), "conversation_id": conversation},
+        "previous_response_id": asked.get("previous_response_id"),
+        "metadata": {**asked.get("metadata", {}), "conversation_id": conversation},
         "conversation_id": conversation,
         "usage": None if not usage else {
             "input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"],
@@ -339,55 +407,125 @@ def _response_object(result: dict[str, Any], created: int, body: ResponsesReques
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0},
         },
-        "error": None, "incomplete_details": None, "instructions": None,
-        "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
-        "temperature": None, "top_p": None, "truncation": "disabled",
-        "text": {"format": {"type": "text"}},
+        "error": None,
+        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete"
+                               and usage else None),
+        "instructions": asked.get("instructions"),
+        "parallel_tool_calls": asked.get("parallel_tool_calls", True),
+        "tool_choice": asked.get("tool_choice", "auto"),
+        "tools": asked.get("tools", []),
+        "temperature": asked.get("temperature"),
+        "top_p": asked.get("top_p"),
+        "max_output_tokens": asked.get("max_output_tokens"),
+        "max_tool_calls": asked.get("max_tool_calls"),
+        "reasoning": asked.get("reasoning", {"effort": None, "summary": None}),
+        "text": asked.get("text", {"format": {"type": "text"}}),
+        "truncation": asked.get("truncation", "disabled"),
+        "store": asked.get("store", True),
+        "background": False,
+        "service_tier": "default",
+        "top_logprobs": 0,
+        "user": asked.get("user"),
+        "safety_identifier": asked.get("safety_identifier"),
+        "prompt_cache_key": asked.get("prompt_cache_key"),
     }
 
 
-def _response_events(run: Run, created: int, body: ResponsesRequest) -> tuple[sse.Format, sse.End]:
+def _response_events(run: Run, created: int, body: ResponsesRequest,
+                     after: str | None) -> tuple[sse.Format, sse.End]:
     numbers = itertools.count()
-    partial: dict[str, Any] = {"conversation_id": run.conversation_id, "task_id": "",
-                               "response": None, "usage": None}
+    text = _Streamed()
+    state: dict[str, Any] = {"rid": "", "open": False}
 
     def emit(kind: str, **fields: Any) -> bytes:
         return _data({"type": kind, "sequence_number": next(numbers), **fields}, kind)
 
+    def shell(status: str, output: list[dict[str, Any]],
+              usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        return _response_object(state["rid"], run.conversation_id, created, status, output,
+                                usage, body)
+
+    def item_id() -> str:
+        return f"msg_{state['rid'].removeprefix('resp_')}"
+
+    def delta(piece: str) -> Iterable[bytes]:
+        if not state["open"]:
+            state["open"] = True
+            yield emit("response.output_item.added", output_index=0, item={
+                "type": "message", "id": item_id(), "status": "in_progress",
+                "role": "assistant", "content": []})
+            yield emit("response.content_part.added", item_id=item_id(), output_index=0,
+                       content_index=0,
+                       part={"type": "output_text", "text": "", "annotations": []})
+        if piece:
+            yield emit("response.output_text.delta", item_id=item_id(), output_index=0,
+                       content_index=0, delta=piece, logprobs=[])
+
     def each(event: dict[str, Any]) -> Iterable[bytes]:
-        partial["task_id"] = event["task_id"]
-        if event["type"] == "start":
-            shell = _response_object(partial, created, body, "in_progress")
-            yield emit("response.created", response=shell)
-            yield emit("response.in_progress", response=shell)
-        elif event["type"] == "response":
-            item_id = f"msg_{event['task_id'].replace('-', '')}"
-            text = event["text"]
-            item = {"type": "message", "id": item_id, "status": "in_progress",
-                    "role": "assistant", "content": []}
-            yield emit("response.output_item.added", output_index=0, item=item)
-            part = {"type": "output_text", "text": "", "annotations": []}
-            yield emit("response.content_part.added", item_id=item_id, output_index=0,
+        kind = event["type"]
+        if kind == "start":
+            state["rid"] = response_id(run.conversation_id, event["task_id"], after)
+            yield emit("response.created", response=shell("in_progress", []))
+            yield emit("response.in_progress", response=shell("in_progress", []))
+        elif kind == "response_delta":
+            piece = text.piece(event["text"], event["restart"])
+            if piece:
+                yield from delta(piece)
+        elif kind == "response":
+            yield from delta(text.rest(event["text"]))
+            part = {"type": "output_text", "text": text.sent, "annotations": []}
+            yield emit("response.output_text.done", item_id=item_id(), output_index=0,
+                       content_index=0, text=text.sent, logprobs=[])
+            yield emit("response.content_part.done", item_id=item_id(), output_index=0,
                        content_index=0, part=part)
-            yield emit("response.output_text.delta", item_id=item_id, output_index=0,
-                       content_index=0, delta=text, logprobs=[])
-            yield emit("response.output_text.done", item_id=item_id, output_index=0,
-                       content_index=0, text=text, logprobs=[])
-            done_part = {**part, "text": text}
-            yield emit("response.content_part.done", item_id=item_id, output_index=0,
-                       content_index=0, part=done_part)
-            yield emit("response.output_item.done", output_index=0,
-                       item={**item, "status": "completed", "content": [done_part]})
+            yield emit("response.output_item.done", output_index=0, item={
+                "type": "message", "id": item_id(), "status": "completed",
+                "role": "assistant", "content": [part]})
 
     def end() -> Iterable[bytes]:
-        if _answered(run):
-            yield emit("response.completed",
-                       response=_response_object(run.summary(), created, body, "completed"))
+        summary = run.summary() if run.failure is None else None
+        calls = _client_calls(summary) if summary is not None else None
+        if calls is not None:
+            for index, call in enumerate(calls):
+                item = _function_call(call)
+                yield emit("response.output_item.added", output_index=index,
+                           item={**item, "arguments": "", "status": "in_progress"})
+                yield emit("response.function_call_arguments.delta", item_id=item["id"],
+                           output_index=index, delta=item["arguments"])
+                yield emit("response.function_call_arguments.done", item_id=item["id"],
+                           output_index=index, name=item["name"],
+                           arguments=item["arguments"])
+                yield emit("response.output_item.done", output_index=index, item=item)
+        if summary is not None and (calls is not None or _answered(run)):
+            output, status = _output(summary, state["rid"])
+            kind = "response.completed" if status == "completed" else "response.incomplete"
+            yield emit(kind, response=shell(status, output, summary["usage"]))
             return
         error = _failure(run)
-        failed = _response_object({**partial, **(run.summary() if run.result else {})},
-                                  created, body, "failed")
+        failed = shell("failed", [], summary["usage"] if summary else None)
         failed["error"] = {"code": error["code"], "message": error["message"]}
         yield emit("response.failed", response=failed)
 
     return each, end
+
+
+def _waited_result(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored result of a call that waited (its ``id``, ``name``, ``args``), or ``None``
+    for any other message."""
+    if message.get("role") != "tool" or '"id":"call_' not in message.get("content", ""):
+        return None
+    try:
+        result = json.loads(message["content"])
+    except ValueError:
+        return None
+    if not isinstance(result, dict) or not isinstance(result.get("id"), str):
+        return None
+    return {"id": result["id"], "name": str(result.get("name")),
+            "args": result.get("args") or {}}
+
+
+def _timestamp(stamp: Any) -> int:
+    try:
+        return int(datetime.fromisoformat(str(stamp)).timestamp())
+    except ValueError:
+        return int(time.time())

@@ -53,6 +53,9 @@ class ApprovalOut(BaseModel):
     id: str
     name: str
     args: dict[str, Any]
+    decider: str = Field("person", description="person: approve or deny it; client: a call of "
+                                               "a client's tool (OpenAI endpoints), answered "
+                                               "with its result")
 
 
 class Usage(BaseModel):
@@ -74,6 +77,7 @@ class RunResult(BaseModel):
     pending_approvals: list[ApprovalOut] = Field(
         default_factory=list,
         description="With stop_reason awaiting_approval: the calls waiting for a decision.")
+    truncated: bool = Field(False, description="The answer was cut at the client's max_tokens.")
 
 
 class TaskOut(BaseModel):
@@ -203,7 +207,8 @@ async def forget_profile(me: Caller = Depends(caller)) -> Forgotten:
 
 
 def _task(task: Any) -> TaskOut:
-    pending = [ApprovalOut(id=call["id"], name=call["name"], args=call.get("args") or {})
+    pending = [ApprovalOut(id=call["id"], name=call["name"], args=call.get("args") or {},
+                           decider=call.get("decider", "person"))
                for call in task.pending_approvals if call.get("status", "pending") == "pending"]
     return TaskOut(task_id=task.task_id, conversation_id=task.conversation_id, query=task.query,
                    workspace=task.workspace, updated_at=task.updated_at,

@@ -13,18 +13,20 @@ import contextlib
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
 from .. import _time
 from ..agent import Agent, AgentResult
-from ..errors import CogencyError, NotFoundError
+from ..errors import CogencyError, NotFoundError, UsageError
 from ..events import Approval, End, Response, Start
+from ..llm.base import OPTIONS, check_options
 from ..state.state import check_id
 from ..storage.base import RequestRecord, new_runner
 from .errors import (
+    InvalidValue,
     KeyReused,
     RequestTooLarge,
     RunError,
@@ -78,7 +80,8 @@ class Run:
             result = run.result = record.outcome["result"]
             if result["response"] is not None:
                 run.events.append(Response(task, result["response"]).to_dict())
-            run.events += [Approval(task, call["id"], call["name"], call["args"]).to_dict()
+            run.events += [Approval(task, call["id"], call["name"], call["args"],
+                                    call.get("decider", "person")).to_dict()
                            for call in result["pending_approvals"]]
             run.events.append(End(task, result["stop_reason"], result["iterations"]).to_dict())
         else:
@@ -170,9 +173,11 @@ def _summary(result: AgentResult) -> dict[str, Any]:
         "usage": asdict(result.usage),
         "error": result.error,
         "pending_approvals": [
-            {"id": call["id"], "name": call["name"], "args": call.get("args", {})}
+            {"id": call["id"], "name": call["name"], "args": call.get("args", {}),
+             "decider": call.get("decider", "person")}
             for call in result.pending_approvals
         ],
+        "truncated": result.truncated,
     }
 
 
@@ -192,6 +197,26 @@ class Runs:
     def __len__(self) -> int:
         return len(self._live)
 
+    def model_options(self, options: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``options`` without the model options the agent's model cannot take (named in the
+        list returned): a client's sampling settings are honoured where the model can, never
+        a reason to refuse its request. A value out of range is an :class:`InvalidValue`."""
+        kept: dict[str, Any] = {}
+        dropped: list[str] = []
+        for name, value in options.items():
+            if name in OPTIONS:
+                try:
+                    check_options({name: value})
+                except UsageError as exc:
+                    raise InvalidValue(str(exc), name) from None
+                try:
+                    self.agent.llm.with_options(**{name: value})
+                except UsageError:
+                    dropped.append(name)
+                    continue
+            kept[name] = value
+        return kept, dropped
+
     async def start(
         self,
         user_id: str,
@@ -204,10 +229,15 @@ class Runs:
         history: Sequence[tuple[str, str]] = (),
         find: Callable[[], Awaitable[str | None]] | None = None,
         once: Once | None = None,
+        asks: Mapping[str, Any] | None = None,
+        results: Mapping[str, Any] | None = None,
     ) -> Run:
-        """Start a new run (``query``, after storing ``history`` as ``Agent.stream`` does) or
-        resume ``task_id`` (deciding the calls it waits for with ``approvals``); returns once
-        it has begun.
+        """Start a new run (``query``, after storing ``history`` as ``Agent.stream`` does, with
+        what the client ``asks``: ``Agent.stream``'s ``instructions``, ``options``,
+        ``client_tools``, ``output_schema``, ``keep``) or resume ``task_id`` (deciding the calls
+        it waits for with ``approvals``, and the client's with ``results``); returns once it
+        has begun. A run that keeps nothing (``keep=False``) gets a new conversation that no
+        one else can know, so it takes no hold on it.
 
         ``conversation_id`` is one the client named: it must be one of the user's (the
         service makes the ids of new conversations). ``find``, for a ``history`` resent
@@ -251,7 +281,7 @@ class Runs:
                 if conversation_id is not None:
                     history = ()  # stored already
             run = await self._open(key_id, user_id, query, conversation_id, task_id, history,
-                                   approvals, once)
+                                   approvals, once, asks or {}, results)
         except BaseException:
             self._release_slot(key_id)
             if claimed:
@@ -310,31 +340,41 @@ class Runs:
     async def _open(self, key_id: str, user_id: str, query: str | None,
                     conversation_id: str | None, task_id: str | None,
                     history: Sequence[tuple[str, str]],
-                    approvals: dict[str, bool] | None, once: Once | None) -> Run:
+                    approvals: dict[str, bool] | None, once: Once | None,
+                    asks: Mapping[str, Any], results: Mapping[str, Any] | None) -> Run:
         store = self.agent.store
+        runner: str | None = new_runner()
         if task_id is not None:
             # checks the ids first
-            events = self.agent.resume_stream(task_id, user_id, approvals=approvals)
+            events = self.agent.resume_stream(task_id, user_id, approvals=approvals,
+                                              results=results)
             conversation_id = (await store.load_task(task_id, user_id)).conversation_id
+        elif asks.get("keep", True) is False:
+            assert query is not None
+            events = self.agent.stream(query, user_id, history=history, **asks)
+            runner = None  # its conversation is new, made by the agent: no one else can run it
         else:
             # The id is chosen here, so that even a new conversation is held from the start.
             conversation_id = conversation_id or str(uuid.uuid4())
             assert query is not None
-            events = self.agent.stream(query, user_id, conversation_id, history=history)
-        runner = new_runner()
-        await store.hold_conversation(conversation_id, user_id, runner)
-        run = Run(key_id, conversation_id)
+            events = self.agent.stream(query, user_id, conversation_id, history=history, **asks)
+        if runner is not None:
+            assert conversation_id is not None
+            await store.hold_conversation(conversation_id, user_id, runner)
+        run = Run(key_id, conversation_id or "")
         self._live.add(run)
         if once is not None:
             self._keyed[(user_id, once.key)] = run
         run.task = asyncio.create_task(self._drive(run, events, runner, user_id, once))
         return run
 
-    async def _drive(self, run: Run, events: Any, runner: str, user_id: str,
+    async def _drive(self, run: Run, events: Any, runner: str | None, user_id: str,
                      once: Once | None) -> None:
         try:
             async for event in events:
                 run.task_id = run.task_id or event.task_id
+                if isinstance(event, Start):
+                    run.conversation_id = event.conversation_id
                 await run.publish(event.to_dict())
             run.result = _summary(events.result)
         except Exception as exc:  # the run's error belongs to its followers
@@ -362,12 +402,14 @@ class Runs:
                 run.done = True
                 await run.publish(None)
 
-    async def _settle(self, run: Run, runner: str, user_id: str, once: Once | None) -> None:
+    async def _settle(self, run: Run, runner: str | None, user_id: str,
+                      once: Once | None) -> None:
         """Let the conversation go, and store the outcome for the idempotency key (if any),
         before the followers hear the run is over."""
         store = self.agent.store
         try:
-            await store.release_conversation(run.conversation_id, runner)
+            if runner is not None:
+                await store.release_conversation(run.conversation_id, runner)
         except Exception as exc:  # noqa: BLE001 - the hold dies with this process anyway
             log.warning("could not release a conversation: %s", type(exc).__name__)
         if once is None:

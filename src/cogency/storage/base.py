@@ -259,6 +259,18 @@ class Store(Protocol):
         advance their generation: learning that began before can then never write."""
         ...
 
+    async def delete_conversation(self, conversation_id: str, user_id: str) -> None:
+        """Delete one of the user's conversations with its messages and its tasks (their
+        workspaces and waiting calls), in one transaction; nothing happens if the user has
+        no such conversation. For a run that keeps nothing (``Agent.run(keep=False)``)."""
+        ...
+
+    async def find_call(self, user_id: str, call_id: str) -> str | None:
+        """The id of the user's unfinished task that has the waiting call ``call_id`` (see
+        :data:`APPROVAL_STATUSES`), or ``None``: how a client that sends a tool's result by
+        its call id alone (OpenAI's chat completions) continues the task that waits for it."""
+        ...
+
     # -- the HTTP service (``cogency serve``) ---------------------------------------------
 
     async def create_api_key(self, key: ApiKeyRecord) -> None:

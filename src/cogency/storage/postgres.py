@@ -1482,6 +1482,22 @@ class PostgresStore:
         await self._use("forgetting a user", work, user=user_id)
         self._windows.clear()
 
+    async def delete_conversation(self, conversation_id: str, user_id: str) -> None:
+        async def work(db: _Db) -> None:
+            if await db.fetchval(_LOCK_CONVERSATION, conversation_id, user_id) is None:
+                return
+            for statement in _DELETE_CONVERSATION:
+                await db.fetch(statement, conversation_id)
+
+        await self._use("deleting a conversation", work, user=user_id, idempotent=True)
+        self._windows.drop(conversation_id)
+
+    async def find_call(self, user_id: str, call_id: str) -> str | None:
+        async def work(db: _Db) -> str | None:
+            return cast("str | None", await db.fetchval(_FIND_CALL, user_id, call_id))
+
+        return await self._read("finding a waiting call", work, user=user_id)
+
     async def user_generation(self, user_id: str) -> int:
         async def work(db: _Db) -> int:
             value = await db.fetchval(_GENERATION, generation_key(user_id))
@@ -1778,6 +1794,25 @@ def _request(row: Any) -> RequestRecord:
 def _turns(messages: Sequence[dict[str, Any]]) -> list[str | None]:
     """Each message's turn hash, for the turns digest of its conversation."""
     return [turn_hash(m["role"], m["content"]) for m in messages]
+
+
+_LOCK_CONVERSATION = _Sql(
+    "SELECT 1 AS found FROM conversations WHERE conversation_id = $1 AND user_id = $2 "
+    "FOR UPDATE")
+_DELETE_CONVERSATION = tuple(
+    # The conversation's rows, each statement scoped to its user (row-level security)
+    _Sql("SELECT count(*) FROM gone", ctes=f"gone AS ({delete} RETURNING 1)")
+    for delete in (
+        "DELETE FROM task_approvals WHERE task_id IN (SELECT task_id FROM task_workspaces "
+        "WHERE conversation_id = $1)",
+        "DELETE FROM task_workspaces WHERE conversation_id = $1",
+        "DELETE FROM conversation_runs WHERE conversation_id = $1",
+        "DELETE FROM conversation_messages WHERE conversation_id = $1",
+        "DELETE FROM conversations WHERE conversation_id = $1",
+    )
+)
+_FIND_CALL = _Sql(
+    "SELECT task_id FROM task_approvals WHERE user_id = $1 AND call_id = $2 LIMIT 1")
 
 
 def _no_task(task_id: str, user_id: str) -> str:

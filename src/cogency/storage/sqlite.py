@@ -1006,6 +1006,34 @@ class SQLiteStore:
 
         await self._run(self._write(work))
 
+    async def delete_conversation(self, conversation_id: str, user_id: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            if _find_conversation(db, conversation_id, user_id, missing=None) is None:
+                return
+            tasks = "SELECT task_id FROM task_workspaces WHERE conversation_id = ?"
+            db.execute(f"DELETE FROM task_approvals WHERE task_id IN ({tasks})",
+                       (conversation_id,))
+            db.execute("DELETE FROM task_workspaces WHERE conversation_id = ?", (conversation_id,))
+            db.execute("DELETE FROM conversation_runs WHERE conversation_id = ?",
+                       (conversation_id,))
+            db.execute("DELETE FROM conversation_messages WHERE conversation_id = ?",
+                       (conversation_id,))
+            db.execute("DELETE FROM conversations WHERE conversation_id = ? AND user_id = ?",
+                       (conversation_id, user_id))
+            self._windows.drop(conversation_id)
+
+        await self._run(self._write(work))
+
+    async def find_call(self, user_id: str, call_id: str) -> str | None:
+        def work(db: sqlite3.Connection) -> str | None:
+            row = db.execute(
+                "SELECT task_id FROM task_approvals WHERE user_id = ? AND call_id = ?",
+                (user_id, call_id),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(work)
+
     async def user_generation(self, user_id: str) -> int:
         return await self._run(lambda db: _generation(db, user_id))
     # -- the HTTP service -----------------------------------------------------------------
