@@ -88,7 +88,7 @@ async def get_model(model_id: str) -> dict[str, Any]:
 async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> Any:
     asked = chat_asked(body)
     run = await _start(me, asked, body)
-    created = int(time.time())
+    created = run.created
     after = _after(asked)
     headers = _headers(run.conversation_id, asked)
     if body.stream:
@@ -124,7 +124,7 @@ async def chat_completions(body: ChatRequest, me: Caller = Depends(caller)) -> A
 async def responses(body: ResponsesRequest, me: Caller = Depends(caller)) -> Any:
     asked = responses_asked(body)
     run = await _start(me, asked, body)
-    created = int(time.time())
+    created = run.created
     after = _after(asked)
     if body.stream:
         each, end = _response_events(run, created, body, after)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -66,6 +67,9 @@ class Run:
         self.done = False
         self._changed = asyncio.Condition()
         self.task: asyncio.Task[None] | None = None
+        self.created = int(time.time())
+        """When the run began (Unix seconds): what the OpenAI endpoints call ``created``, the
+        same in every answer to the request, its retries' too."""
 
     @classmethod
     def replayed(cls, record: RequestRecord) -> Run:
@@ -75,6 +79,7 @@ class Run:
         assert record.outcome is not None
         run = cls("", record.conversation_id or "")
         run.task_id = task = record.task_id or ""
+        run.created = int(record.outcome.get("created", run.created))
         run.events.append(Start(task, run.conversation_id).to_dict())
         if "result" in record.outcome:
             result = run.result = record.outcome["result"]
@@ -159,8 +164,9 @@ class Run:
         """What a retry of the request that started this run is answered (stored as JSON)."""
         if self.failure is not None:
             status, kind, message = self.problem()
-            return {"error": {"status": status, "kind": kind, "message": message}}
-        return {"result": self.summary()}
+            return {"error": {"status": status, "kind": kind, "message": message},
+                    "created": self.created}
+        return {"result": self.summary(), "created": self.created}
 
 
 def _summary(result: AgentResult) -> dict[str, Any]:
