@@ -3,8 +3,10 @@
 Both agents use a ScriptedLLM that takes ``--delay`` seconds per call (50 ms by default, a fast
 hosted model); learning has its own ScriptedLLM with the same delay. Runs alternate between the
 two agents in one process, back to back, so learning of one run overlaps the next run as it
-would in a busy chat. Reported: median run latency of each and their ratio, and the learning
-calls made per interaction (goal: 1, plus 1 per ``synthesis_threshold`` interactions).
+would in a busy chat. Reported: median run latency of each and their ratio, and what learning
+costs per interaction: LLM calls (goal: 1, plus 1 per ``synthesis_threshold`` interactions)
+and prompt tokens (every message the learning model was sent, counted with the package's
+tokenizer).
 
     python -m bench.bench_memory            # 60 runs per side
     python -m bench.bench_memory --quick    # 20 runs per side
@@ -24,6 +26,7 @@ from cogency import Agent
 from cogency.memory import Memory
 from cogency.storage import SQLiteStore
 from cogency.testing import ScriptedLLM
+from cogency.tokens import count_tokens
 
 ANSWER = {"secure": True, "objective": "answer", "response": "Here is the answer.", "actions": []}
 EXTRACTION = {
@@ -59,6 +62,7 @@ async def bench(runs: int, delay: float, users: int, threshold: int) -> dict[str
             await agent.run("warm up", user_id="warmup")
         await remembering.memory.settle()
         warm_calls = len(learner.calls)
+        warm_tokens = _prompt_tokens(learner.calls)
 
         timings: dict[str, list[float]] = {"off": [], "on": []}
         for index in range(runs):
@@ -94,10 +98,16 @@ async def bench(runs: int, delay: float, users: int, threshold: int) -> dict[str
         "ratio": on / off,
         "paired_ratio": paired,
         "learning_calls_per_interaction": (len(learner.calls) - warm_calls) / runs,
+        "learning_prompt_tokens_per_interaction":
+            (_prompt_tokens(learner.calls) - warm_tokens) / runs,
         "syntheses": syntheses,
         "interactions_learned": learned,
         "settle_on_close_ms": settle * 1000,
     }
+
+
+def _prompt_tokens(calls: list[list[dict[str, Any]]]) -> int:
+    return sum(count_tokens(message["content"]) for call in calls for message in call)
 
 
 def main() -> None:
@@ -121,6 +131,8 @@ def main() -> None:
         f"{figures['runs']} interactions; 1 + 1/{args.threshold} = "
         f"{1 + 1 / args.threshold:.3f} in the long run)"
     )
+    print(f"learning prompt tokens per interaction "
+          f"{figures['learning_prompt_tokens_per_interaction']:.0f}")
     print(f"interactions learned           {figures['interactions_learned']}")
     print(f"close() settling learning      {figures['settle_on_close_ms']:.1f} ms")
     print("absolute figures are noisy on a shared machine; the ratio is what to compare")
