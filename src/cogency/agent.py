@@ -26,7 +26,7 @@ from .events import (
 )
 from .llm.base import LLM, Usage, retries_reported_to
 from .llm.resolve import resolve_llm
-from .memory.memory import Memory, interaction_of
+from .memory.memory import Memory
 from .reason import Step, reason
 from .state.execution import Execution
 from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, check_id
@@ -320,12 +320,8 @@ class Agent:
                     await save()
                 if await settle_decided(state, tools, approvals, self.approve, emit):
                     await save()
-            memory, generation = "", 0
+            memory = ""
             if self.memory is not None:
-                # Read before anything of this run is learnable: a forget from here on (any
-                # process) keeps this run's learning from being stored. One that came between
-                # opening the task and here erased its rows, so the run cannot complete.
-                generation = await self.memory.generation(state.user_id)
                 memory = await self.memory.activate(state.user_id)
             while True:
                 if ex.iteration >= ex.max_iterations:
@@ -415,9 +411,9 @@ class Agent:
         if ex.response is not None:
             # Only once it is stored: a caller that stops reading here loses nothing.
             emit(Response(task, ex.response))
-        if self.memory is not None and ex.stop_reason == "completed":
+        if self.memory is not None:
             # In the background: the answer never waits for learning; close() settles it.
-            self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
+            self.memory.after_run(state.user_id, queued=self._learns(state))
         for call in waiting:  # after the save above: each can be decided as soon as it is seen
             emit(Approval(task, call["id"], call["name"], call["args"]))
         emit(End(task, ex.stop_reason or "error", ex.iteration))
@@ -501,6 +497,12 @@ class Agent:
                 tools[item.name] = item
         return tools
 
+    def _learns(self, state: State) -> bool:
+        """Whether the task is learned from: memory is on (with a model able to learn) and
+        it completed. Then its completion queues it for learning, in the same transaction."""
+        return (self.memory is not None and self.memory.learns
+                and state.execution.stop_reason == "completed")
+
     async def _settle(
         self,
         state: State,
@@ -518,7 +520,8 @@ class Agent:
             await asyncio.wait([saving])  # if it failed, the save below retries it
         try:
             if write and state.execution.stop_reason in ("completed", "security"):
-                await state.complete_task()  # which lets the task go: nothing to release
+                # which lets the task go: nothing to release
+                await state.complete_task(learn=self._learns(state))
                 return
             if write:
                 await autosave(state)

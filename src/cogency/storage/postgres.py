@@ -15,7 +15,7 @@ import hashlib
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -27,6 +27,7 @@ from ..errors import (
     ConfigurationError,
     ConflictError,
     ConversationBusyError,
+    CorruptDataError,
     ForgottenError,
     NotFoundError,
     StorageError,
@@ -34,14 +35,37 @@ from ..errors import (
     StoreUnavailableError,
     UsageError,
 )
+from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
 from ._window import Window, Windows
 from .base import (
+    ENTRY_COLUMNS,
+    ENTRY_UPDATE,
+    LEARN_BATCH,
+    LEARN_LEASE,
     MIGRATION_NAMES,
     ApiKeyRecord,
+    ConversationData,
     ConversationRecord,
+    ForgetReceipt,
+    LearningClaim,
+    LearningStatus,
     SaveBatch,
+    TaskData,
     TaskRecord,
+    UserData,
+    book_of,
+    claim_lost,
+    claimable,
+    entry_changes,
+    entry_record,
+    entry_row,
+    import_conflict,
+    learning_status_of,
+    pending_count,
+    queue_task,
+    queued_tasks,
+    unclaimed,
     approval_data,
     approval_record,
     check_decisions,
@@ -290,6 +314,71 @@ async def _m008_task_settings(db: asyncpg.Connection) -> None:
     await db.execute("ALTER TABLE task_workspaces ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
 
 
+async def _m009_profile_entries(db: asyncpg.Connection) -> None:
+    # Each fact of a profile as a row: where it was learned (the tasks and messages it came
+    # from, when, with which model), who set it, and once superseded, when, why and by what.
+    # profile_data stays the projection of the current entries (what the prompt quotes).
+    await db.execute(
+        """
+        CREATE TABLE profile_entries (
+            entry_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL REFERENCES user_profiles(user_id) ON DELETE CASCADE,
+            field TEXT NOT NULL,                 -- the Profile field: goals, preferences, ...
+            entry_key TEXT NOT NULL DEFAULT '',  -- a preference's or project's name; '' elsewhere
+            value TEXT NOT NULL,
+            origin TEXT NOT NULL,                -- learned, consolidated, or user (set by the
+                                                 -- user: learning never replaces or drops it)
+            model TEXT,                          -- the model that wrote the value (NULL: a person)
+            sources TEXT NOT NULL,               -- JSON list: {task_id, conversation_id,
+                                                 -- message_ids, at, model} it was learned from
+            sources_omitted INTEGER NOT NULL DEFAULT 0,  -- sources past the kept ones
+            rank INTEGER NOT NULL,               -- order within its field: newest highest
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            superseded_at TEXT,                  -- NULL while current; then history, out of the
+                                                 -- prompt, pruned after the retention time
+            superseded_by TEXT,                  -- the entry that replaced it (NULL: dropped)
+            reason TEXT                          -- why it is history (memory.entries.REASONS)
+        );
+        CREATE INDEX profile_entries_by_user ON profile_entries(user_id, superseded_at);
+        CREATE INDEX profile_entries_history ON profile_entries(superseded_at)
+            WHERE superseded_at IS NOT NULL;     -- pruning finds old history without a scan
+        """
+    )
+    # Profiles learned before entries existed: their values become entries without sources.
+    for user_id, text in await db.fetch("SELECT user_id, profile_data::text FROM user_profiles"):
+        try:
+            book = ProfileBook.adopt(decode_profile(text, user_id))
+        except CorruptDataError:
+            continue  # reported when it is read; a change then adopts what it holds
+        await db.executemany(_INSERT_ENTRY, [_entry_row(e) for e in book.added])
+
+
+async def _m010_learning_queue(db: asyncpg.Connection) -> None:
+    # Learning as durable work: a task that completes with memory on is queued here in the
+    # transaction that completes it, and any process with memory on claims the row (a lease)
+    # and learns it, so a crash between an answer and its learning loses nothing. One row per
+    # user: a user's queued tasks are learned together, and their number is bounded.
+    await db.execute(
+        """
+        CREATE TABLE learning_queue (
+            user_id TEXT PRIMARY KEY REFERENCES user_profiles(user_id) ON DELETE CASCADE,
+            tasks TEXT NOT NULL,                 -- JSON list of finished tasks to learn from,
+                                                 -- oldest first: {task_id, conversation_id, at}
+            dropped INTEGER NOT NULL DEFAULT 0,  -- tasks left out: more were queued than kept
+            attempts INTEGER NOT NULL DEFAULT 0, -- failed attempts since learning last succeeded
+            last_error TEXT,                     -- what the last failed attempt said
+            next_attempt_at TEXT NOT NULL,       -- not claimed before (back-off after failures)
+            holder TEXT,                         -- the process learning it (host|pid|start|token)
+            lease_until TEXT,                    -- its claim lapses then (or when it dies)
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        );
+        CREATE INDEX learning_queue_due ON learning_queue(next_attempt_at);
+        """
+    )
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m001_initial", _m001_initial),
     ("m002_conversation_messages", _m002_conversation_messages),
@@ -299,6 +388,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m006_approvals", _m006_approvals),
     ("m007_service", _m007_service),
     ("m008_task_settings", _m008_task_settings),
+    ("m009_profile_entries", _m009_profile_entries),
+    ("m010_learning_queue", _m010_learning_queue),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -1038,7 +1129,7 @@ class PostgresStore:
                     [m.get("tokens", 0) for m in messages],
                     [m.get("created_at") or stamp.isoformat() for m in messages],
                     [m.get("id") for m in messages],
-                    None if batch.profile is None else dumps(batch.profile.to_dict()),
+                    None,  # a profile is written below, through its entries
                 )
                 if any(row["kind"] == 0 for row in rows):
                     break
@@ -1051,15 +1142,23 @@ class PostgresStore:
             _number(messages, rows)
             if (batch.approvals or batch.settled) and not batch.complete:
                 await _record_approvals(db, batch, stamp)  # in the same transaction (below)
+            if batch.profile is not None:  # in the same transaction (below)
+                given = batch.profile
+                await _change_profile(db, batch.user_id, lambda book: book.take(given), stamp)
+            if batch.complete and batch.learn:
+                await _queue_learning(db, batch, stamp)  # in the same transaction (below)
             return int(next(row["seq"] for row in rows if row["kind"] == 0))
 
         if not batch.complete:
             # A step that pauses for approval, or settles decided calls, also writes
             # task_approvals: one transaction then, so both land or neither.
-            return await self._use("saving a task", work, idempotent=True,
-                                   transaction=bool(batch.approvals or batch.settled))
+            return await self._use(
+                "saving a task", work, idempotent=True,
+                transaction=bool(batch.approvals or batch.settled or batch.profile))
         try:
-            return await self._use("completing a task", work, transaction=False, idempotent=True)
+            # With memory on, the task is queued for learning in the same transaction.
+            return await self._use("completing a task", work, idempotent=True,
+                                   transaction=batch.learn or batch.profile is not None)
         finally:
             # A completed task needs no runner; one whose completion failed is released by
             # its runner.
@@ -1141,7 +1240,15 @@ class PostgresStore:
     async def update_profile(
         self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
     ) -> Profile:
-        async def work(db: asyncpg.Connection) -> Profile:
+        book = await self.change_profile(user_id, lambda book: book.edit(apply),
+                                          generation=generation)
+        return book.profile
+
+    async def change_profile(
+        self, user_id: str, change: Callable[[ProfileBook], Any], *,
+        generation: int | None = None, claim: LearningClaim | None = None,
+    ) -> ProfileBook:
+        async def work(db: asyncpg.Connection) -> ProfileBook:
             if generation is not None:
                 # Locks the user's generation row (made if missing) until commit; forget_user
                 # takes the same lock first, so one of the two waits for the other to finish,
@@ -1154,49 +1261,162 @@ class PostgresStore:
                 )
                 if now != generation:
                     raise ForgottenError(user_id)
-            stamp = _time.now()
-            # Create the row first so that concurrent updaters of a new profile also queue on
-            # its lock instead of both starting from an empty profile.
-            text = await db.fetchval(
-                "WITH created AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
-                "VALUES ($1, $2, $3) ON CONFLICT (user_id) DO NOTHING RETURNING profile_data) "
-                "SELECT profile_data::text FROM created",
-                user_id, dumps(Profile(user_id).to_dict()), stamp,
-            )
-            if text is None:
-                text = await db.fetchval(
-                    "SELECT profile_data::text FROM user_profiles WHERE user_id = $1 FOR UPDATE",
-                    user_id,
+            queued = None
+            if claim is not None:
+                row = await db.fetchrow(
+                    "SELECT tasks, holder FROM learning_queue WHERE user_id = $1 FOR UPDATE",
+                    claim.user_id,
                 )
-            profile = decode_profile(text, user_id)
-            apply(profile)
-            profile.enforce_bounds()
-            await _put_profile(db, profile, stamp)
-            return profile
+                if row is None or row["holder"] != claim.holder:
+                    raise claim_lost(claim)
+                queued = queued_tasks(row["tasks"], claim.user_id)
+            stamp = _time.now()
+            book = await _change_profile(db, user_id, change, stamp)
+            if claim is not None and queued is not None:
+                left = unclaimed(queued, claim)
+                if not left:
+                    await db.execute("DELETE FROM learning_queue WHERE user_id = $1", user_id)
+                else:
+                    await db.execute(
+                        "UPDATE learning_queue SET tasks = $2, holder = NULL, lease_until = NULL, "
+                        "attempts = 0, last_error = NULL, dropped = 0, next_attempt_at = $3, "
+                        "updated_at = $3 WHERE user_id = $1",
+                        user_id, dumps(left), stamp.isoformat(),
+                    )
+            return book
 
         return await self._use("updating a profile", work)
 
-    async def forget_user(self, user_id: str) -> None:
-        async def work(db: asyncpg.Connection) -> None:
+    async def load_entries(self, user_id: str, *, history: bool = False) -> list[ProfileEntry]:
+        async def work(db: asyncpg.Connection) -> list[ProfileEntry]:
+            return await _entries(db, user_id, history=history)
+
+        return await self._read("loading profile entries", work)
+
+    async def forget_user(self, user_id: str) -> ForgetReceipt:
+        async def work(db: asyncpg.Connection) -> ForgetReceipt:
             # First: from here on, learning that began before waits for this transaction and
-            # then sees the new generation (see update_profile).
-            await db.execute(
+            # then sees the new generation (see change_profile).
+            generation = await db.fetchval(
                 "INSERT INTO user_generations (user_key, generation) VALUES ($1, 1) "
-                "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation + 1",
+                "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation + 1 "
+                "RETURNING generation",
                 generation_key(user_id),
             )
+            receipt = ForgetReceipt(user_id, int(generation))
+            # In the order completions and learning lock these rows (conversations, then the
+            # learning queue, then the profile), so none of them deadlocks with a forget.
             # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
-            # explicit deletes also cover rows written before the cascades existed.
-            await db.execute(
-                "DELETE FROM conversation_messages WHERE conversation_id IN "
-                "(SELECT conversation_id FROM conversations WHERE user_id = $1)",
-                user_id,
-            )
-            await db.execute("DELETE FROM task_workspaces WHERE user_id = $1", user_id)
-            await db.execute("DELETE FROM conversations WHERE user_id = $1", user_id)
-            await db.execute("DELETE FROM user_profiles WHERE user_id = $1", user_id)
+            # explicit deletes also cover rows written before the cascades existed, and count.
+            receipt.messages = await _deleted(
+                db, "conversation_messages WHERE conversation_id IN "
+                "(SELECT conversation_id FROM conversations WHERE user_id = $1)", user_id)
+            receipt.approvals = await _deleted(db, "task_approvals WHERE user_id = $1", user_id)
+            receipt.tasks = await _deleted(db, "task_workspaces WHERE user_id = $1", user_id)
+            receipt.conversations = await _deleted(db, "conversations WHERE user_id = $1",
+                                                   user_id)
+            queued = await db.fetchval(
+                "DELETE FROM learning_queue WHERE user_id = $1 RETURNING tasks", user_id)
+            receipt.pending_learning = 0 if queued is None else pending_count(queued, user_id)
+            receipt.entries = await _deleted(
+                db, "profile_entries WHERE user_id = $1 AND superseded_at IS NULL", user_id)
+            receipt.history = await _deleted(db, "profile_entries WHERE user_id = $1", user_id)
+            receipt.profiles = await _deleted(db, "user_profiles WHERE user_id = $1", user_id)
+            return receipt
 
-        await self._use("forgetting a user", work)
+        receipt = await self._use("forgetting a user", work)
+        self._windows.clear()
+        return receipt
+
+    # -- learning as durable work ---------------------------------------------------------
+
+    async def claim_learning(
+        self, holder: str, *, user_id: str | None = None, limit: int = 1,
+        batch: int = LEARN_BATCH, lease: float = LEARN_LEASE,
+    ) -> list[LearningClaim]:
+        async def work(db: asyncpg.Connection) -> list[LearningClaim]:
+            now = _time.now()
+            stamp = now.isoformat()
+            columns = ("SELECT user_id, tasks, dropped, attempts, holder, lease_until "
+                       "FROM learning_queue WHERE next_attempt_at <= $1")
+            # SKIP LOCKED: a row another transaction writes (a completion queueing a task,
+            # another claim) is left for the next sweep instead of waited for.
+            if user_id is None:
+                rows = await db.fetch(columns + " ORDER BY next_attempt_at LIMIT $2 "
+                                      "FOR UPDATE SKIP LOCKED", stamp, limit + 50)
+            else:
+                rows = await db.fetch(columns + " AND user_id = $2 FOR UPDATE SKIP LOCKED",
+                                      stamp, user_id)
+            claims = [
+                LearningClaim(row["user_id"], holder,
+                              queued_tasks(row["tasks"], row["user_id"])[:batch],
+                              row["attempts"], row["dropped"])
+                for row in rows if claimable(row["holder"], row["lease_until"], holder, stamp)
+            ][:limit]
+            if claims:
+                await db.execute(
+                    "UPDATE learning_queue SET holder = $1, lease_until = $2 "
+                    "WHERE user_id = ANY($3::text[])",
+                    holder, (now + timedelta(seconds=lease)).isoformat(),
+                    [claim.user_id for claim in claims],
+                )
+            return claims
+
+        return await self._use("claiming learning", work)
+
+    async def release_learning(
+        self, claim: LearningClaim, *, error: str | None = None,
+        retry_at: datetime | None = None,
+    ) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            await db.execute(
+                "UPDATE learning_queue SET holder = NULL, lease_until = NULL, "
+                "attempts = attempts + $3, last_error = COALESCE($4, last_error), "
+                "next_attempt_at = $5, updated_at = $6 WHERE user_id = $1 AND holder = $2",
+                claim.user_id, claim.holder, 1 if error is not None else 0,
+                None if error is None else _put_text(error),
+                (retry_at or _time.now()).isoformat(), _time.now().isoformat(),
+            )
+
+        await self._use("releasing learning", work, transaction=False)
+
+    async def learning_status(self, user_id: str) -> LearningStatus | None:
+        async def work(db: asyncpg.Connection) -> LearningStatus | None:
+            row = await db.fetchrow(
+                "SELECT tasks, dropped, attempts, last_error, next_attempt_at, holder, "
+                "lease_until, created_at FROM learning_queue WHERE user_id = $1", user_id)
+            if row is None:
+                return None
+            values = list(row)
+            values[3] = None if values[3] is None else _get_text(values[3])
+            return learning_status_of(values, user_id, _time.now().isoformat())
+
+        return await self._read("reading a user's learning", work)
+
+    async def prune_history(self, before: datetime, user_id: str | None = None) -> int:
+        async def work(db: asyncpg.Connection) -> int:
+            where = "profile_entries WHERE superseded_at IS NOT NULL AND superseded_at < $1"
+            if user_id is None:
+                return await _deleted(db, where, before.isoformat())
+            return await _deleted(db, where + " AND user_id = $2", before.isoformat(), user_id)
+
+        return await self._use("pruning profile history", work, transaction=False)
+
+    # -- export and import ----------------------------------------------------------------
+
+    async def export_user(self, user_id: str) -> UserData:
+        async def work(db: asyncpg.Connection) -> UserData:
+            # One snapshot of everything the user has.
+            async with db.transaction(isolation="repeatable_read", readonly=True):
+                return await _export(db, user_id)
+
+        return await self._use("exporting a user", work, write=False, transaction=False)
+
+    async def import_user(self, data: UserData) -> None:
+        async def work(db: asyncpg.Connection) -> None:
+            await _import(db, data, _time.now())
+
+        await self._use("importing a user", work)
         self._windows.clear()
 
     async def user_generation(self, user_id: str) -> int:
@@ -1292,6 +1512,181 @@ async def _keep_session(db: asyncpg.Connection) -> None:
     """Pool reset: nothing to undo (no session state is set on pool connections; the leases
     live on their own), so the default reset's round trip per release is saved. The pool
     still rolls back a transaction left open."""
+
+
+_INSERT_ENTRY = (
+    f"INSERT INTO profile_entries ({ENTRY_COLUMNS}) VALUES "
+    f"({', '.join(f'${n}' for n in range(1, 16))})"
+)
+
+
+def _entry_row(entry: ProfileEntry) -> tuple[Any, ...]:
+    row = list(entry_row(entry))
+    row[3], row[4] = _put_text(row[3]), _put_text(row[4])  # key, value: text may hold NUL
+    return tuple(row)
+
+
+async def _entries(db: asyncpg.Connection, user_id: str, *, history: bool = False
+                   ) -> list[ProfileEntry]:
+    if history:
+        where = " WHERE user_id = $1 ORDER BY created_at, rank"
+    else:
+        where = " WHERE user_id = $1 AND superseded_at IS NULL ORDER BY rank"
+    rows = await db.fetch(f"SELECT {ENTRY_COLUMNS} FROM profile_entries" + where, user_id)
+    entries = []
+    for row in rows:
+        values = list(row)
+        values[3], values[4] = _get_text(values[3]), _get_text(values[4])
+        entries.append(entry_record(values))
+    return entries
+
+
+async def _change_profile(db: asyncpg.Connection, user_id: str,
+                          change: Callable[[ProfileBook], Any], stamp: datetime) -> ProfileBook:
+    """Read the profile (locked) and its current entries, apply ``change``, write what it
+    changed: the one place that writes ``profile_entries`` and ``profile_data`` together."""
+    # Create the row first so that concurrent updaters of a new profile also queue on its
+    # lock instead of both starting from an empty profile.
+    text = await db.fetchval(
+        "WITH created AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
+        "VALUES ($1, $2, $3) ON CONFLICT (user_id) DO NOTHING RETURNING profile_data) "
+        "SELECT profile_data::text FROM created",
+        user_id, dumps(Profile(user_id).to_dict()), stamp,
+    )
+    stored = None
+    if text is None:
+        stored = decode_profile(await db.fetchval(
+            "SELECT profile_data::text FROM user_profiles WHERE user_id = $1 FOR UPDATE",
+            user_id,
+        ), user_id)
+    book = book_of(stored, user_id, await _entries(db, user_id))
+    change(book)
+    await _put_profile(db, book.finish(), stamp)
+    if book.added:
+        await db.executemany(_INSERT_ENTRY, [_entry_row(e) for e in book.added])
+    if book.changed:
+        await db.executemany(
+            "UPDATE profile_entries SET "
+            + ENTRY_UPDATE.format(*(f"${n}" for n in range(1, 8)))
+            + " WHERE entry_id = $8 AND user_id = $9",
+            [entry_changes(e) for e in book.changed.values()],
+        )
+    return book
+
+
+async def _deleted(db: asyncpg.Connection, where: str, *args: Any) -> int:
+    """Delete ``FROM where`` and count the rows (a forget's receipt)."""
+    return int(await db.fetchval(
+        f"WITH gone AS (DELETE FROM {where} RETURNING 1) SELECT count(*) FROM gone", *args))
+
+
+async def _queue_learning(db: asyncpg.Connection, batch: SaveBatch, stamp: datetime) -> None:
+    """Queue the completed task for learning: one row per user, its tasks bounded."""
+    # The upsert takes the row's lock (a concurrent completion of this user waits for it,
+    # then reads what this one queued), and reads what is queued.
+    now = stamp.isoformat()
+    text = await db.fetchval(
+        "INSERT INTO learning_queue (user_id, tasks, next_attempt_at, created_at, updated_at) "
+        "VALUES ($1, '[]', $2, $2, $2) ON CONFLICT (user_id) DO UPDATE SET "
+        "updated_at = excluded.updated_at RETURNING tasks",
+        batch.user_id, now,
+    )
+    tasks, over = queue_task(queued_tasks(text, batch.user_id), batch, now)
+    # A new task makes the user's learning due now, also after failures (as each new
+    # interaction did before learning was durable): at most one attempt per interaction.
+    await db.execute(
+        "UPDATE learning_queue SET tasks = $2, dropped = dropped + $3, next_attempt_at = $4 "
+        "WHERE user_id = $1",
+        batch.user_id, dumps(tasks), over, now,
+    )
+
+
+async def _export(db: asyncpg.Connection, user_id: str) -> UserData:
+    text = await db.fetchval(
+        "SELECT profile_data::text FROM user_profiles WHERE user_id = $1", user_id)
+    conversations = []
+    for row in await db.fetch(
+            _CONVERSATION_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, conversation_id",
+            user_id):
+        record = conversation_record(row)
+        messages = [_message(m) for m in await db.fetch(
+            "SELECT seq, role, content, task_id, tokens, created_at, message_id "
+            "FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq",
+            record.conversation_id)]
+        conversations.append(ConversationData(record.conversation_id, record.data,
+                                              record.updated_at, messages))
+    tasks = [task_record(row, _get_text) for row in await db.fetch(
+        _TASK_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, task_id", user_id)]
+    approvals = await _approvals(db, [task.task_id for task in tasks])
+    queued = await db.fetchval("SELECT tasks FROM learning_queue WHERE user_id = $1", user_id)
+    return UserData(
+        user_id, None if text is None else decode_profile(text, user_id),
+        await _entries(db, user_id, history=True), conversations,
+        [TaskData(t.task_id, t.conversation_id, t.query, t.workspace, t.settings, t.version,
+                  t.updated_at, approvals.get(t.task_id, [])) for t in tasks],
+        [] if queued is None else queued_tasks(queued, user_id),
+    )
+
+
+async def _import(db: asyncpg.Connection, data: UserData, stamp: datetime) -> None:
+    user = data.user_id
+    if await db.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM user_profiles WHERE user_id = $1) OR EXISTS "
+            "(SELECT 1 FROM conversations WHERE user_id = $1)", user):
+        raise import_conflict(user, "the store already holds data of this user")
+    taken = await db.fetchval(
+        "SELECT conversation_id FROM conversations WHERE conversation_id = ANY($1::text[]) "
+        "LIMIT 1", [c.conversation_id for c in data.conversations])
+    if taken is not None:
+        raise import_conflict(user, f"conversation {taken!r} exists")
+    taken = await db.fetchval(
+        "SELECT task_id FROM task_workspaces WHERE task_id = ANY($1::text[]) LIMIT 1",
+        [t.task_id for t in data.tasks])
+    if taken is not None:
+        raise import_conflict(user, f"task {taken!r} exists")
+    taken = await db.fetchval(
+        "SELECT entry_id FROM profile_entries WHERE entry_id = ANY($1::text[]) LIMIT 1",
+        [e.entry_id for e in data.entries])
+    if taken is not None:
+        raise import_conflict(user, f"profile entry {taken!r} exists")
+    await _put_profile(db, data.profile or Profile(user), stamp)
+    await db.executemany(_INSERT_ENTRY, [_entry_row(e) for e in data.entries])
+    now = stamp.isoformat()
+    for conversation in data.conversations:
+        await db.execute(
+            "INSERT INTO conversations (conversation_id, user_id, conversation_data, updated_at, "
+            "message_count) VALUES ($1, $2, $3, $4, $5)",
+            conversation.conversation_id, user, dumps(conversation.data),
+            conversation.updated_at or stamp, len(conversation.messages),
+        )
+        await db.executemany(
+            "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
+            "tokens, created_at, message_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            [(conversation.conversation_id, seq, m["role"], _put_text(m["content"]),
+              m.get("task_id"), m.get("tokens", 0), m.get("created_at") or now, m.get("id"))
+             for seq, m in enumerate(conversation.messages, start=1)],
+        )
+    for task in data.tasks:
+        await db.execute(
+            "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
+            "workspace_data, version, updated_at, epoch, settings) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8)",
+            task.task_id, user, task.conversation_id, _put_text(task.query),
+            dumps(task.workspace), task.version, task.updated_at or stamp, dumps(task.settings),
+        )
+        await db.executemany(
+            "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, "
+            "status, created_at, decided_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            [(task.task_id, call["id"], user, position, approval_data(call), call["status"],
+              call.get("created_at") or now, call.get("decided_at"))
+             for position, call in enumerate(task.approvals, start=1)],
+        )
+    if data.learning:
+        await db.execute(
+            "INSERT INTO learning_queue (user_id, tasks, next_attempt_at, created_at, "
+            "updated_at) VALUES ($1, $2, $3, $3, $3)",
+            user, dumps(data.learning), now,
+        )
 
 
 async def _put_profile(db: asyncpg.Connection, profile: Profile, stamp: datetime) -> None:
