@@ -64,8 +64,9 @@ class Memory:
     memory claims and learns what is queued, at most ``max_learning`` users at once (a user's
     queued tasks in one model call). A failed attempt is retried ``learn_retries`` times with
     backoff from ``retry_delay`` seconds; then the tasks stay queued and are retried after
-    an exponential back-off (at most ``max_retry_delay`` seconds) or with the user's next
-    interaction, by this or any process with memory on (:meth:`status` says what waits).
+    ``retry_backoff`` seconds, doubled after each failure up to ``max_retry_delay``, or with
+    the user's next interaction, by this or any process with memory on (:meth:`status` says
+    what waits and what failed).
     Every ``sweep_interval`` seconds, while runs use it, it also learns what other processes
     left queued, and prunes history older than ``history_days`` days.
     :meth:`settle` waits at most ``settle_timeout`` seconds for learning in flight; what it
@@ -79,6 +80,7 @@ class Memory:
     settle_timeout: float = 30.0
     learn_retries: int = 2
     retry_delay: float = 0.5
+    retry_backoff: float = 30.0
     max_retry_delay: float = 3600.0
     max_learning: int = 4
     sweep_interval: float = 60.0
@@ -100,10 +102,10 @@ class Memory:
     def __post_init__(self) -> None:
         if not isinstance(self.synthesis_threshold, int) or self.synthesis_threshold < 1:
             raise UsageError("synthesis_threshold must be a positive integer")
-        if min(self.settle_timeout, self.learn_retries, self.retry_delay,
+        if min(self.settle_timeout, self.learn_retries, self.retry_delay, self.retry_backoff,
                self.max_retry_delay, self.history_days) < 0:
-            raise UsageError("settle_timeout, learn_retries, retry_delay, max_retry_delay "
-                             "and history_days must not be negative")
+            raise UsageError("settle_timeout, learn_retries, retry_delay, retry_backoff, "
+                             "max_retry_delay and history_days must not be negative")
         if not isinstance(self.max_learning, int) or self.max_learning < 1 \
                 or self.sweep_interval <= 0 or (self.learn_lease is not None
                                                 and self.learn_lease <= 0):
@@ -498,7 +500,7 @@ class Memory:
             await asyncio.shield(self._release(claim, None))
             raise
         assert failure is not None
-        delay = min(self.max_retry_delay, self.retry_delay * 2 ** (claim.attempts + attempts))
+        delay = min(self.max_retry_delay, self.retry_backoff * 2 ** claim.attempts)
         retry_at = _time.now() + timedelta(seconds=delay)
         await self._release(claim, f"{type(failure).__name__}: {failure}"[:500], retry_at)
         logger.warning(

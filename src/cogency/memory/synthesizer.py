@@ -32,7 +32,7 @@ logger = logging.getLogger("cogency.memory")
 EXCERPT_TOKENS = 1500
 """Bound on the conversation excerpt an extraction call sees (shared by the interactions it
 learns together, each at least :data:`MIN_EXCERPT_TOKENS`)."""
-MIN_EXCERPT_TOKENS = 300
+MIN_EXCERPT_TOKENS = 100
 
 _TEXT = {"type": "string", "maxLength": MAX_TEXT}
 _TEXTS = {"type": "array", "items": _TEXT, "maxItems": 20}

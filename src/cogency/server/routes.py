@@ -262,8 +262,10 @@ async def list_messages(
 async def show_profile(me: Caller = Depends(caller)) -> ProfileOut:
     profile = await me.profile()
     learning = await me.learning()
-    return ProfileOut(user_id=me.user_id, profile=None if profile is None else profile.to_dict(),
-                      learning=None if learning is None else learning.to_dict())
+    return ProfileOut(
+        user_id=me.user_id, profile=None if profile is None else profile.to_dict(),
+        learning=None if learning is None else LearningOut.model_validate(learning.to_dict()),
+    )
 
 
 @router.get("/profile/why", response_model=list[EntryOut],

@@ -115,11 +115,11 @@ class SaveBatch:
     ``learning_queue`` row; see :data:`MAX_PENDING_TASKS`). Only when memory is on."""
 
 
-MAX_PENDING_TASKS = 50
+MAX_PENDING_TASKS = 20
 """Finished tasks one user's ``learning_queue`` row holds; when more wait, the oldest are
 left out (and counted: ``LearningStatus.dropped``)."""
-LEARN_BATCH = 10
-"""Tasks one claim takes, learned together in one model call."""
+LEARN_BATCH = MAX_PENDING_TASKS
+"""Tasks one claim takes, learned together in one model call: all of a user's queued tasks."""
 LEARN_LEASE = 600.0
 """Seconds a claim on a user's learning lasts (longer than a model call may take); a claim
 whose process is gone (on this host) lapses at once."""
@@ -806,30 +806,38 @@ def queued_tasks(text: str, user_id: str) -> list[dict[str, Any]]:
     return tasks
 
 
-def queue_task(tasks: list[dict[str, Any]], batch: SaveBatch, stamp: str
-               ) -> tuple[list[dict[str, Any]], int]:
-    """``tasks`` with the batch's task queued last (once), and how many of the oldest had
-    to leave to keep :data:`MAX_PENDING_TASKS`."""
+def queue_task(tasks: list[dict[str, Any]], claimed: list[dict[str, Any]], batch: SaveBatch,
+               stamp: str) -> tuple[list[dict[str, Any]], int]:
+    """``tasks`` with the batch's task queued last (once, and not if a claim holds it), and
+    how many of the oldest had to leave to keep :data:`MAX_PENDING_TASKS` (claimed tasks are
+    never left out: they are being learned)."""
+    held = {task.get("task_id") for task in claimed}
     queued = [t for t in tasks if t.get("task_id") != batch.task_id]
-    queued.append({"task_id": batch.task_id, "conversation_id": batch.conversation_id,
-                   "at": stamp})
+    if batch.task_id not in held:
+        queued.append({"task_id": batch.task_id, "conversation_id": batch.conversation_id,
+                       "at": stamp})
     over = max(0, len(queued) - MAX_PENDING_TASKS)
     return queued[over:], over
 
 
-def pending_count(text: str, user_id: str) -> int:
-    """How many tasks a ``learning_queue.tasks`` value queues (0 if it cannot be read: a
-    forget still deletes the row)."""
-    try:
-        return len(queued_tasks(text, user_id))
-    except CorruptDataError:
-        return 0
+def take_claim(tasks: list[dict[str, Any]], claimed: list[dict[str, Any]], batch: int
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What a new claim holds (what a lapsed claim held, then the oldest queued, ``batch`` in
+    all) and what stays queued."""
+    room = max(0, batch - len(claimed))
+    return [*claimed, *tasks[:room]], tasks[room:]
 
 
-def unclaimed(tasks: list[dict[str, Any]], claim: LearningClaim) -> list[dict[str, Any]]:
-    """What stays queued once ``claim``'s tasks are learned."""
-    done = {task["task_id"] for task in claim.tasks}
-    return [task for task in tasks if task.get("task_id") not in done]
+def pending_count(*texts: str | None, user_id: str) -> int:
+    """How many tasks ``learning_queue`` values (``tasks``, ``claimed``) hold (0 for one that
+    cannot be read: a forget still deletes the row)."""
+    total = 0
+    for text in texts:
+        try:
+            total += len(queued_tasks(text or "[]", user_id))
+        except CorruptDataError:
+            pass
+    return total
 
 
 def claimable(holder: str | None, lease_until: str | None, me: str, now: str) -> bool:
@@ -853,11 +861,11 @@ def import_conflict(user_id: str, what: str) -> ConflictError:
 
 
 def learning_status_of(row: Any, user_id: str, now: str) -> LearningStatus:
-    """A ``learning_queue`` row (tasks, dropped, attempts, last_error, next_attempt_at,
-    holder, lease_until, created_at) as a status."""
-    tasks, dropped, attempts, error, due, holder, until, since = row
+    """A ``learning_queue`` row (tasks, claimed, dropped, attempts, last_error,
+    next_attempt_at, holder, lease_until, created_at) as a status."""
+    tasks, claimed, dropped, attempts, error, due, holder, until, since = row
     return LearningStatus(
-        user_id, len(queued_tasks(tasks, user_id)), dropped, attempts, error,
+        user_id, pending_count(tasks, claimed, user_id=user_id), dropped, attempts, error,
         _time.parse(due) if due else None,
         holder is not None and until is not None and until > now and runner_alive(holder),
         _time.parse(since) if since else None,

@@ -65,7 +65,7 @@ from .base import (
     pending_count,
     queue_task,
     queued_tasks,
-    unclaimed,
+    take_claim,
     approval_data,
     approval_record,
     check_decisions,
@@ -365,6 +365,8 @@ async def _m010_learning_queue(db: asyncpg.Connection) -> None:
             user_id TEXT PRIMARY KEY REFERENCES user_profiles(user_id) ON DELETE CASCADE,
             tasks TEXT NOT NULL,                 -- JSON list of finished tasks to learn from,
                                                  -- oldest first: {task_id, conversation_id, at}
+            claimed TEXT NOT NULL DEFAULT '[]',  -- the tasks the holder is learning (same shape):
+                                                 -- back to the queue if it gives up or dies
             dropped INTEGER NOT NULL DEFAULT 0,  -- tasks left out: more were queued than kept
             attempts INTEGER NOT NULL DEFAULT 0, -- failed attempts since learning last succeeded
             last_error TEXT,                     -- what the last failed attempt said
@@ -1269,19 +1271,18 @@ class PostgresStore:
                 )
                 if row is None or row["holder"] != claim.holder:
                     raise claim_lost(claim)
-                queued = queued_tasks(row["tasks"], claim.user_id)
+                queued = queued_tasks(row["tasks"], claim.user_id)  # besides the claim's
             stamp = _time.now()
             book = await _change_profile(db, user_id, change, stamp)
             if claim is not None and queued is not None:
-                left = unclaimed(queued, claim)
-                if not left:
+                if not queued:
                     await db.execute("DELETE FROM learning_queue WHERE user_id = $1", user_id)
                 else:
                     await db.execute(
-                        "UPDATE learning_queue SET tasks = $2, holder = NULL, lease_until = NULL, "
-                        "attempts = 0, last_error = NULL, dropped = 0, next_attempt_at = $3, "
-                        "updated_at = $3 WHERE user_id = $1",
-                        user_id, dumps(left), stamp.isoformat(),
+                        "UPDATE learning_queue SET claimed = '[]', holder = NULL, "
+                        "lease_until = NULL, attempts = 0, last_error = NULL, dropped = 0, "
+                        "next_attempt_at = $2, updated_at = $2 WHERE user_id = $1",
+                        user_id, stamp.isoformat(),
                     )
             return book
 
@@ -1315,9 +1316,10 @@ class PostgresStore:
             receipt.tasks = await _deleted(db, "task_workspaces WHERE user_id = $1", user_id)
             receipt.conversations = await _deleted(db, "conversations WHERE user_id = $1",
                                                    user_id)
-            queued = await db.fetchval(
-                "DELETE FROM learning_queue WHERE user_id = $1 RETURNING tasks", user_id)
-            receipt.pending_learning = 0 if queued is None else pending_count(queued, user_id)
+            queued = await db.fetchrow(
+                "DELETE FROM learning_queue WHERE user_id = $1 RETURNING tasks, claimed", user_id)
+            receipt.pending_learning = (0 if queued is None
+                                        else pending_count(*queued, user_id=user_id))
             receipt.entries = await _deleted(
                 db, "profile_entries WHERE user_id = $1 AND superseded_at IS NULL", user_id)
             receipt.history = await _deleted(db, "profile_entries WHERE user_id = $1", user_id)
@@ -1337,7 +1339,7 @@ class PostgresStore:
         async def work(db: asyncpg.Connection) -> list[LearningClaim]:
             now = _time.now()
             stamp = now.isoformat()
-            columns = ("SELECT user_id, tasks, dropped, attempts, holder, lease_until "
+            columns = ("SELECT user_id, tasks, claimed, dropped, attempts, holder, lease_until "
                        "FROM learning_queue WHERE next_attempt_at <= $1")
             # SKIP LOCKED: a row another transaction writes (a completion queueing a task,
             # another claim) is left for the next sweep instead of waited for.
@@ -1347,19 +1349,23 @@ class PostgresStore:
             else:
                 rows = await db.fetch(columns + " AND user_id = $2 FOR UPDATE SKIP LOCKED",
                                       stamp, user_id)
-            claims = [
-                LearningClaim(row["user_id"], holder,
-                              queued_tasks(row["tasks"], row["user_id"])[:batch],
-                              row["attempts"], row["dropped"])
-                for row in rows if claimable(row["holder"], row["lease_until"], holder, stamp)
-            ][:limit]
-            if claims:
+            until = (now + timedelta(seconds=lease)).isoformat()
+            claims: list[LearningClaim] = []
+            for row in rows:
+                if len(claims) >= limit:
+                    break
+                if not claimable(row["holder"], row["lease_until"], holder, stamp):
+                    continue
+                user = row["user_id"]
+                taken, left = take_claim(queued_tasks(row["tasks"], user),
+                                         queued_tasks(row["claimed"], user), batch)
                 await db.execute(
-                    "UPDATE learning_queue SET holder = $1, lease_until = $2 "
-                    "WHERE user_id = ANY($3::text[])",
-                    holder, (now + timedelta(seconds=lease)).isoformat(),
-                    [claim.user_id for claim in claims],
+                    "UPDATE learning_queue SET tasks = $2, claimed = $3, holder = $4, "
+                    "lease_until = $5 WHERE user_id = $1",
+                    user, dumps(left), dumps(taken), holder, until,
                 )
+                claims.append(LearningClaim(user, holder, taken, row["attempts"],
+                                            row["dropped"]))
             return claims
 
         return await self._use("claiming learning", work)
@@ -1369,26 +1375,33 @@ class PostgresStore:
         retry_at: datetime | None = None,
     ) -> None:
         async def work(db: asyncpg.Connection) -> None:
+            row = await db.fetchrow(
+                "SELECT tasks, claimed FROM learning_queue WHERE user_id = $1 AND holder = $2 "
+                "FOR UPDATE", claim.user_id, claim.holder)
+            if row is None:
+                return  # no longer held: nothing of it is ours
+            tasks = [*queued_tasks(row["claimed"], claim.user_id),
+                     *queued_tasks(row["tasks"], claim.user_id)]
             await db.execute(
-                "UPDATE learning_queue SET holder = NULL, lease_until = NULL, "
-                "attempts = attempts + $3, last_error = COALESCE($4, last_error), "
-                "next_attempt_at = $5, updated_at = $6 WHERE user_id = $1 AND holder = $2",
-                claim.user_id, claim.holder, 1 if error is not None else 0,
+                "UPDATE learning_queue SET tasks = $2, claimed = '[]', holder = NULL, "
+                "lease_until = NULL, attempts = attempts + $3, last_error = COALESCE($4, "
+                "last_error), next_attempt_at = $5, updated_at = $6 WHERE user_id = $1",
+                claim.user_id, dumps(tasks), 1 if error is not None else 0,
                 None if error is None else _put_text(error),
                 (retry_at or _time.now()).isoformat(), _time.now().isoformat(),
             )
 
-        await self._use("releasing learning", work, transaction=False)
+        await self._use("releasing learning", work)
 
     async def learning_status(self, user_id: str) -> LearningStatus | None:
         async def work(db: asyncpg.Connection) -> LearningStatus | None:
             row = await db.fetchrow(
-                "SELECT tasks, dropped, attempts, last_error, next_attempt_at, holder, "
+                "SELECT tasks, claimed, dropped, attempts, last_error, next_attempt_at, holder, "
                 "lease_until, created_at FROM learning_queue WHERE user_id = $1", user_id)
             if row is None:
                 return None
             values = list(row)
-            values[3] = None if values[3] is None else _get_text(values[3])
+            values[4] = None if values[4] is None else _get_text(values[4])
             return learning_status_of(values, user_id, _time.now().isoformat())
 
         return await self._read("reading a user's learning", work)
@@ -1585,13 +1598,14 @@ async def _queue_learning(db: asyncpg.Connection, batch: SaveBatch, stamp: datet
     # The upsert takes the row's lock (a concurrent completion of this user waits for it,
     # then reads what this one queued), and reads what is queued.
     now = stamp.isoformat()
-    text = await db.fetchval(
+    row = await db.fetchrow(
         "INSERT INTO learning_queue (user_id, tasks, next_attempt_at, created_at, updated_at) "
         "VALUES ($1, '[]', $2, $2, $2) ON CONFLICT (user_id) DO UPDATE SET "
-        "updated_at = excluded.updated_at RETURNING tasks",
+        "updated_at = excluded.updated_at RETURNING tasks, claimed",
         batch.user_id, now,
     )
-    tasks, over = queue_task(queued_tasks(text, batch.user_id), batch, now)
+    tasks, over = queue_task(queued_tasks(row["tasks"], batch.user_id),
+                             queued_tasks(row["claimed"], batch.user_id), batch, now)
     # A new task makes the user's learning due now, also after failures (as each new
     # interaction did before learning was durable): at most one attempt per interaction.
     await db.execute(
@@ -1618,13 +1632,15 @@ async def _export(db: asyncpg.Connection, user_id: str) -> UserData:
     tasks = [task_record(row, _get_text) for row in await db.fetch(
         _TASK_COLUMNS + " WHERE user_id = $1 ORDER BY updated_at, task_id", user_id)]
     approvals = await _approvals(db, [task.task_id for task in tasks])
-    queued = await db.fetchval("SELECT tasks FROM learning_queue WHERE user_id = $1", user_id)
+    queued = await db.fetchrow("SELECT claimed, tasks FROM learning_queue WHERE user_id = $1",
+                               user_id)
     return UserData(
         user_id, None if text is None else decode_profile(text, user_id),
         await _entries(db, user_id, history=True), conversations,
         [TaskData(t.task_id, t.conversation_id, t.query, t.workspace, t.settings, t.version,
                   t.updated_at, approvals.get(t.task_id, [])) for t in tasks],
-        [] if queued is None else queued_tasks(queued, user_id),
+        [] if queued is None else [*queued_tasks(queued["claimed"], user_id),
+                                   *queued_tasks(queued["tasks"], user_id)],
     )
 
 

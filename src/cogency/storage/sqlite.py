@@ -55,7 +55,7 @@ from .base import (
     pending_count,
     queue_task,
     queued_tasks,
-    unclaimed,
+    take_claim,
     approval_data,
     approval_record,
     check_decisions,
@@ -296,6 +296,8 @@ def _m010_learning_queue(db: sqlite3.Connection) -> None:
             user_id TEXT PRIMARY KEY REFERENCES user_profiles(user_id) ON DELETE CASCADE,
             tasks TEXT NOT NULL,                 -- JSON list of finished tasks to learn from,
                                                  -- oldest first: {task_id, conversation_id, at}
+            claimed TEXT NOT NULL DEFAULT '[]',  -- the tasks the holder is learning (same shape):
+                                                 -- back to the queue if it gives up or dies
             dropped INTEGER NOT NULL DEFAULT 0,  -- tasks left out: more were queued than kept
             attempts INTEGER NOT NULL DEFAULT 0, -- failed attempts since learning last succeeded
             last_error TEXT,                     -- what the last failed attempt said
@@ -961,9 +963,9 @@ class SQLiteStore:
     async def forget_user(self, user_id: str) -> ForgetReceipt:
         def work(db: sqlite3.Connection) -> ForgetReceipt:
             receipt = ForgetReceipt(user_id, 0)
-            queued = db.execute("SELECT tasks FROM learning_queue WHERE user_id = ?",
+            queued = db.execute("SELECT tasks, claimed FROM learning_queue WHERE user_id = ?",
                                 (user_id,)).fetchone()
-            receipt.pending_learning = pending_count(queued[0], user_id) if queued else 0
+            receipt.pending_learning = pending_count(*queued, user_id=user_id) if queued else 0
             db.execute("DELETE FROM learning_queue WHERE user_id = ?", (user_id,))
             receipt.entries = db.execute(
                 "DELETE FROM profile_entries WHERE user_id = ? AND superseded_at IS NULL",
@@ -1006,22 +1008,24 @@ class SQLiteStore:
             now = _time.now()
             stamp = now.isoformat()
             until = (now + timedelta(seconds=lease)).isoformat()
-            sql = ("SELECT user_id, tasks, dropped, attempts, holder, lease_until "
+            sql = ("SELECT user_id, tasks, claimed, dropped, attempts, holder, lease_until "
                    "FROM learning_queue WHERE next_attempt_at <= ?")
             params: list[Any] = [stamp]
             if user_id is not None:
                 sql += " AND user_id = ?"
                 params.append(user_id)
             claims: list[LearningClaim] = []
-            for user, tasks, dropped, attempts, held_by, lease_until in db.execute(
+            for user, tasks, claimed, dropped, attempts, held_by, lease_until in db.execute(
                     sql + " ORDER BY next_attempt_at LIMIT ?", (*params, limit + 50)
             ).fetchall():
                 if not claimable(held_by, lease_until, holder, stamp):
                     continue
-                db.execute("UPDATE learning_queue SET holder = ?, lease_until = ? "
-                           "WHERE user_id = ?", (holder, until, user))
-                claims.append(LearningClaim(user, holder, queued_tasks(tasks, user)[:batch],
-                                            attempts, dropped))
+                taken, left = take_claim(queued_tasks(tasks, user), queued_tasks(claimed, user),
+                                         batch)
+                db.execute("UPDATE learning_queue SET tasks = ?, claimed = ?, holder = ?, "
+                           "lease_until = ? WHERE user_id = ?",
+                           (dumps(left), dumps(taken), holder, until, user))
+                claims.append(LearningClaim(user, holder, taken, attempts, dropped))
                 if len(claims) >= limit:
                     break
             return claims
@@ -1032,18 +1036,27 @@ class SQLiteStore:
         self, claim: LearningClaim, *, error: str | None = None,
         retry_at: datetime | None = None,
     ) -> None:
-        await self._run(self._write(lambda db: db.execute(
-            "UPDATE learning_queue SET holder = NULL, lease_until = NULL, "
-            "attempts = attempts + ?, last_error = COALESCE(?, last_error), "
-            "next_attempt_at = ?, updated_at = ? WHERE user_id = ? AND holder = ?",
-            (1 if error is not None else 0, error, (retry_at or _time.now()).isoformat(),
-             _time.now().isoformat(), claim.user_id, claim.holder),
-        )))
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT tasks, claimed FROM learning_queue WHERE user_id = ? "
+                             "AND holder = ?", (claim.user_id, claim.holder)).fetchone()
+            if row is None:
+                return  # no longer held: nothing of it is ours
+            tasks = [*queued_tasks(row[1], claim.user_id), *queued_tasks(row[0], claim.user_id)]
+            db.execute(
+                "UPDATE learning_queue SET tasks = ?, claimed = '[]', holder = NULL, "
+                "lease_until = NULL, attempts = attempts + ?, last_error = COALESCE(?, "
+                "last_error), next_attempt_at = ?, updated_at = ? WHERE user_id = ?",
+                (dumps(tasks), 1 if error is not None else 0, error,
+                 (retry_at or _time.now()).isoformat(), _time.now().isoformat(),
+                 claim.user_id),
+            )
+
+        await self._run(self._write(work))
 
     async def learning_status(self, user_id: str) -> LearningStatus | None:
         def work(db: sqlite3.Connection) -> LearningStatus | None:
             row = db.execute(
-                "SELECT tasks, dropped, attempts, last_error, next_attempt_at, holder, "
+                "SELECT tasks, claimed, dropped, attempts, last_error, next_attempt_at, holder, "
                 "lease_until, created_at FROM learning_queue WHERE user_id = ?", (user_id,)
             ).fetchone()
             return None if row is None else learning_status_of(row, user_id,
@@ -1276,10 +1289,11 @@ def _entries(db: sqlite3.Connection, user_id: str, *, history: bool = False
 
 def _queue_learning(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
     """Queue the completed task for learning: one row per user, its tasks bounded."""
-    row = db.execute("SELECT tasks FROM learning_queue WHERE user_id = ?",
+    row = db.execute("SELECT tasks, claimed FROM learning_queue WHERE user_id = ?",
                      (batch.user_id,)).fetchone()
-    tasks, over = queue_task([] if row is None else queued_tasks(row[0], batch.user_id),
-                             batch, stamp)
+    tasks, over = queue_task(
+        [] if row is None else queued_tasks(row[0], batch.user_id),
+        [] if row is None else queued_tasks(row[1], batch.user_id), batch, stamp)
     # A new task makes the user's learning due now, also after failures (as each new
     # interaction did before learning was durable): at most one attempt per interaction.
     db.execute(
@@ -1292,7 +1306,7 @@ def _queue_learning(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> Non
 
 
 def _claimed(db: sqlite3.Connection, claim: LearningClaim) -> list[dict[str, Any]]:
-    """The queued tasks of a claim this holder still holds; else ``ConflictError``."""
+    """What stays queued besides a claim this holder still holds; else ``ClaimLostError``."""
     row = db.execute("SELECT tasks, holder FROM learning_queue WHERE user_id = ?",
                      (claim.user_id,)).fetchone()
     if row is None or row[1] != claim.holder:
@@ -1302,14 +1316,14 @@ def _claimed(db: sqlite3.Connection, claim: LearningClaim) -> list[dict[str, Any
 
 def _finish_claim(db: sqlite3.Connection, claim: LearningClaim,
                   queued: list[dict[str, Any]], stamp: str) -> None:
-    left = unclaimed(queued, claim)
-    if not left:
+    if not queued:
         db.execute("DELETE FROM learning_queue WHERE user_id = ?", (claim.user_id,))
         return
     db.execute(
-        "UPDATE learning_queue SET tasks = ?, holder = NULL, lease_until = NULL, attempts = 0, "
-        "last_error = NULL, dropped = 0, next_attempt_at = ?, updated_at = ? WHERE user_id = ?",
-        (dumps(left), stamp, stamp, claim.user_id),
+        "UPDATE learning_queue SET claimed = '[]', holder = NULL, lease_until = NULL, "
+        "attempts = 0, last_error = NULL, dropped = 0, next_attempt_at = ?, updated_at = ? "
+        "WHERE user_id = ?",
+        (stamp, stamp, claim.user_id),
     )
 
 
@@ -1328,14 +1342,15 @@ def _export(db: sqlite3.Connection, user_id: str) -> UserData:
     tasks = [task_record(r) for r in db.execute(
         _TASK_COLUMNS + " WHERE user_id = ? ORDER BY updated_at, task_id", (user_id,))]
     approvals = _approvals(db, [task.task_id for task in tasks])
-    queued = db.execute("SELECT tasks FROM learning_queue WHERE user_id = ?",
+    queued = db.execute("SELECT claimed, tasks FROM learning_queue WHERE user_id = ?",
                         (user_id,)).fetchone()
     return UserData(
         user_id, None if row is None else decode_profile(row[0], user_id),
         _entries(db, user_id, history=True), conversations,
         [TaskData(t.task_id, t.conversation_id, t.query, t.workspace, t.settings, t.version,
                   t.updated_at, approvals.get(t.task_id, [])) for t in tasks],
-        [] if queued is None else queued_tasks(queued[0], user_id),
+        [] if queued is None else [*queued_tasks(queued[0], user_id),
+                                   *queued_tasks(queued[1], user_id)],
     )
 
 
