@@ -9,7 +9,6 @@ predictable.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import sqlite3
