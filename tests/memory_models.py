@@ -4,7 +4,9 @@ PYTHONPATH): one endless script for the agent and its learning, whatever the ord
 - an agent step answers ``noted: QUERY``;
 - a learning extraction (its prompt quotes ``<interaction>`` blocks) learns one goal per
   interaction whose query reads ``remember: GOAL``; with ``$COGENCY_TEST_HANG_LEARNING`` set
-  it never answers (a learner to kill mid-learning);
+  it never answers (a learner to kill mid-learning), with ``$COGENCY_TEST_FAIL_LEARNING``
+  it raises (a provider that is down), with ``$COGENCY_TEST_LEARN_GATE`` naming a file it
+  waits until that file exists (learning held in flight);
 - a consolidation keeps the goals it is shown.
 
 Every learning prompt is appended to the file ``$COGENCY_TEST_CALLS`` (one JSON string per
@@ -34,6 +36,11 @@ async def _reply(messages):
     if learning:
         if os.environ.get("COGENCY_TEST_HANG_LEARNING"):
             await asyncio.Event().wait()
+        if os.environ.get("COGENCY_TEST_FAIL_LEARNING"):
+            raise RuntimeError("provider down")
+        gate = os.environ.get("COGENCY_TEST_LEARN_GATE")
+        while gate and not os.path.exists(gate):
+            await asyncio.sleep(0.02)
         return {"preferences": [], "goals": _QUERY.findall(prompt), "expertise": [],
                 "communication_style": "", "project_context": [], "interests": [],
                 "constraints": [], "success_pattern": "", "failure_pattern": ""}

@@ -308,7 +308,7 @@ $("forget").addEventListener("click", async () => {
     $("log").textContent = "";
     $("entries").textContent = "";
     $("learning").textContent = "";
-    const erased = Object.entries(receipt.erased).map(([kind, n]) => n + " " + kind.replace("_", " "));
+    const erased = Object.entries(receipt.erased).map(([kind, n]) => kind.replace("_", " ") + " " + n);
     $("profile").textContent = "forgotten: " + erased.join(", ");
   } catch (error) {
     $("profile").textContent = "error: " + error.message;
