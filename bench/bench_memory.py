@@ -10,6 +10,13 @@ tokenizer).
 
     python -m bench.bench_memory            # 60 runs per side
     python -m bench.bench_memory --quick    # 20 runs per side
+    python -m bench.bench_memory --storage 1000   # bytes stored per 1,000 learned interactions
+
+``--storage N`` runs N tasks of one user through ``Agent.run`` with memory on, each learning
+a mix that exercises every kind of row: a preference whose value keeps changing (history), a
+new goal (the bound pushes old ones out: history), a fact re-mentioned every time (one more
+source), and reports the bytes the memory tables take (SQLite ``dbstat``: pages, indexes
+included) per 1,000 interactions, next to the messages of those tasks.
 """
 
 from __future__ import annotations
@@ -106,6 +113,61 @@ async def bench(runs: int, delay: float, users: int, threshold: int) -> dict[str
     }
 
 
+async def storage(interactions: int) -> dict[str, float]:
+    """Bytes of the memory tables after ``interactions`` learned tasks (see the docstring)."""
+
+    def extraction(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        prompt = messages[0]["content"]
+        if "consolidate" in prompt:
+            return _keep_profile(prompt)
+        number = int(prompt.split("Query: question ", 1)[1].split()[0])
+        return {**EXTRACTION,
+                "preferences": [{"key": "editor", "value": ("vim", "helix", "emacs")[number % 3]}],
+                "goals": [f"goal number {number}"]}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "storage.db"
+        store = SQLiteStore(path)
+        learner = ScriptedLLM(_endless(extraction))
+        agent = Agent(llm=ScriptedLLM(_endless(ANSWER)), store=store,
+                      memory=Memory(llm=learner))
+        for number in range(interactions):
+            await agent.run(f"question {number} about my editor", user_id="alice")
+            await agent.memory.settle()
+        await agent.close()
+        await store.close()
+        import sqlite3
+
+        db = sqlite3.connect(path)
+        sizes = dict(db.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
+        current, history = db.execute(
+            "SELECT SUM(superseded_at IS NULL), SUM(superseded_at IS NOT NULL) "
+            "FROM profile_entries").fetchone()
+        count = db.execute("SELECT json_extract(profile_data, '$.interaction_count') "
+                           "FROM user_profiles").fetchone()[0]
+        db.close()
+    memory = sum(size for name, size in sizes.items()
+                 if name.startswith(("profile_entries", "learning_queue")))
+    messages = sum(size for name, size in sizes.items()
+                   if name.startswith(("conversation_messages", "sqlite_autoindex_conversation_m")))
+    scale = 1000 / interactions
+    return {"interactions": count, "memory_bytes_per_1000": memory * scale,
+            "message_bytes_per_1000": messages * scale, "current_entries": current,
+            "history_entries": history}
+
+
+def _keep_profile(prompt: str) -> dict[str, Any]:
+    """A consolidation that keeps the profile it is shown."""
+    import json
+
+    return json.loads(prompt.split("<profile>\n", 1)[1].split("\n</profile>", 1)[0])
+
+
+def _endless(item: Any) -> Any:
+    while True:
+        yield item
+
+
 def _prompt_tokens(calls: list[list[dict[str, Any]]]) -> int:
     return sum(count_tokens(message["content"]) for call in calls for message in call)
 
@@ -117,7 +179,19 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.05, help="seconds per LLM call")
     parser.add_argument("--users", type=int, default=3)
     parser.add_argument("--threshold", type=int, default=3, help="synthesis_threshold")
+    parser.add_argument("--storage", type=int, default=0, metavar="N",
+                        help="measure the bytes stored for N learned interactions instead")
     args = parser.parse_args()
+    if args.storage:
+        stored = asyncio.run(storage(args.storage))
+        print(f"interactions learned           {stored['interactions']}")
+        print(f"profile entries                {stored['current_entries']} current, "
+              f"{stored['history_entries']} history")
+        print(f"memory tables per 1,000        {stored['memory_bytes_per_1000'] / 1024:.0f} KiB "
+              "(profile_entries and learning_queue, with their indexes)")
+        print(f"their messages per 1,000       {stored['message_bytes_per_1000'] / 1024:.0f} KiB "
+              "(for scale)")
+        return
     runs = args.runs or (20 if args.quick else 60)
     figures = asyncio.run(bench(runs, args.delay, args.users, args.threshold))
     print(f"runs per side                  {figures['runs']}")

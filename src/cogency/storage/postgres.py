@@ -42,8 +42,10 @@ from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
     LEARN_BATCH,
+    LEARNING_QUEUE_TABLE,
     LEARN_LEASE,
     MIGRATION_NAMES,
+    PROFILE_ENTRIES_TABLE,
     ApiKeyRecord,
     ConversationData,
     ConversationRecord,
@@ -315,36 +317,7 @@ async def _m008_task_settings(db: asyncpg.Connection) -> None:
 
 
 async def _m009_profile_entries(db: asyncpg.Connection) -> None:
-    # Each fact of a profile as a row: where it was learned (the tasks and messages it came
-    # from, when, with which model), who set it, and once superseded, when, why and by what.
-    # profile_data stays the projection of the current entries (what the prompt quotes).
-    await db.execute(
-        """
-        CREATE TABLE profile_entries (
-            entry_id TEXT PRIMARY KEY,
-            user_id TEXT NOT NULL REFERENCES user_profiles(user_id) ON DELETE CASCADE,
-            field TEXT NOT NULL,                 -- the Profile field: goals, preferences, ...
-            entry_key TEXT NOT NULL DEFAULT '',  -- a preference's or project's name; '' elsewhere
-            value TEXT NOT NULL,
-            origin TEXT NOT NULL,                -- learned, consolidated, or user (set by the
-                                                 -- user: learning never replaces or drops it)
-            model TEXT,                          -- the model that wrote the value (NULL: a person)
-            sources TEXT NOT NULL,               -- JSON list: {task_id, conversation_id,
-                                                 -- message_ids, at, model} it was learned from
-            sources_omitted INTEGER NOT NULL DEFAULT 0,  -- sources past the kept ones
-            rank INTEGER NOT NULL,               -- order within its field: newest highest
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            superseded_at TEXT,                  -- NULL while current; then history, out of the
-                                                 -- prompt, pruned after the retention time
-            superseded_by TEXT,                  -- the entry that replaced it (NULL: dropped)
-            reason TEXT                          -- why it is history (memory.entries.REASONS)
-        );
-        CREATE INDEX profile_entries_by_user ON profile_entries(user_id, superseded_at);
-        CREATE INDEX profile_entries_history ON profile_entries(superseded_at)
-            WHERE superseded_at IS NOT NULL;     -- pruning finds old history without a scan
-        """
-    )
+    await db.execute(PROFILE_ENTRIES_TABLE)  # (its columns, and why: storage/base.py)
     # Profiles learned before entries existed: their values become entries without sources.
     for user_id, text in await db.fetch("SELECT user_id, profile_data::text FROM user_profiles"):
         try:
@@ -355,30 +328,7 @@ async def _m009_profile_entries(db: asyncpg.Connection) -> None:
 
 
 async def _m010_learning_queue(db: asyncpg.Connection) -> None:
-    # Learning as durable work: a task that completes with memory on is queued here in the
-    # transaction that completes it, and any process with memory on claims the row (a lease)
-    # and learns it, so a crash between an answer and its learning loses nothing. One row per
-    # user: a user's queued tasks are learned together, and their number is bounded.
-    await db.execute(
-        """
-        CREATE TABLE learning_queue (
-            user_id TEXT PRIMARY KEY REFERENCES user_profiles(user_id) ON DELETE CASCADE,
-            tasks TEXT NOT NULL,                 -- JSON list of finished tasks to learn from,
-                                                 -- oldest first: {task_id, conversation_id, at}
-            claimed TEXT NOT NULL DEFAULT '[]',  -- the tasks the holder is learning (same shape):
-                                                 -- back to the queue if it gives up or dies
-            dropped INTEGER NOT NULL DEFAULT 0,  -- tasks left out: more were queued than kept
-            attempts INTEGER NOT NULL DEFAULT 0, -- failed attempts since learning last succeeded
-            last_error TEXT,                     -- what the last failed attempt said
-            next_attempt_at TEXT NOT NULL,       -- not claimed before (back-off after failures)
-            holder TEXT,                         -- the process learning it (host|pid|start|token)
-            lease_until TEXT,                    -- its claim lapses then (or when it dies)
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL
-        );
-        CREATE INDEX learning_queue_due ON learning_queue(next_attempt_at);
-        """
-    )
+    await db.execute(LEARNING_QUEUE_TABLE)  # (its columns, and why: storage/base.py)
 
 
 MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
