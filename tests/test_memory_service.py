@@ -115,3 +115,34 @@ def test_background_learning_counts_in_the_keys_run_limit(tmp_path):
         server.stop()
     data = json.loads(rows(db, "SELECT profile_data FROM user_profiles")[0][0])
     assert data["interaction_count"] == 2
+
+
+def test_a_replica_learns_what_was_left_queued_without_any_run(tmp_path):
+    import asyncio
+
+    from cogency.state import State
+    from cogency.storage import open_store
+
+    db = str(tmp_path / "queued.db")
+    key = create_key(db, "dave")
+
+    async def leave_a_task_queued() -> None:  # as a process killed after its answer leaves it
+        store = open_store(db)
+        try:
+            state = await State.start_task("remember: be kind", "dave", store=store,
+                                           record_query=True)
+            await state.complete_task(learn=True)
+        finally:
+            await store.close()
+
+    asyncio.run(leave_a_task_queued())
+    assert rows(db, "SELECT COUNT(*) FROM learning_queue") == [(1,)]
+    server = Server(db, tmp_path, *LLM)
+    try:
+        with server.client(key) as dave:
+            wait_for(lambda: (dave.get("/api/profile").json()["profile"] or {}).get("goals")
+                     == ["be kind"])
+    finally:
+        server.stop()
+    assert rows(db, "SELECT COUNT(*) FROM learning_queue") == [(0,)]
+    assert rows(db, "SELECT COUNT(*) FROM conversations") == [(1,)]  # no run was needed

@@ -367,7 +367,7 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
                     settings["mcp"] = mcp
                 events = agent.stream(query, args.user, args.conversation, settings=settings)
             code = await _show(events, args, progress, ask)
-            if agent.memory is not None and agent.memory.pending:  # close() waits for it
+            if agent.memory is not None and agent.memory.learning(args.user):  # close() waits
                 print(f"learning about {visible(args.user, keep='')!r} from this task… "
                       "(--no-memory skips this)", file=sys.stderr, flush=True)
         return code

@@ -147,9 +147,9 @@ class ProfileEntry:
             problems.append(f"value must be text of 1 to {MAX_TEXT} characters")
         if self.origin not in ORIGINS:
             problems.append(f"origin must be one of {', '.join(ORIGINS)}")
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool):
+        if not storable_int(self.rank, -2**31):
             problems.append("rank must be an integer")
-        if not isinstance(self.sources_omitted, int) or self.sources_omitted < 0:
+        if not storable_int(self.sources_omitted, 0):
             problems.append("sources_omitted must be a count")
         if self.model is not None and (not isinstance(self.model, str) or len(self.model) > 300):
             problems.append("model must be a name")
@@ -180,6 +180,11 @@ def _is_source(value: Any) -> bool:
             and isinstance(value.get("message_ids", []), list)
             and len(value.get("message_ids", [])) <= MAX_SOURCE_MESSAGES
             and all(isinstance(i, str) and len(i) <= 256 for i in value.get("message_ids", [])))
+
+
+def storable_int(value: Any, low: int) -> bool:
+    """Whether ``value`` is an integer every store can keep (a 32-bit column)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**31
 
 
 def _plain(value: Any, name: str, limit: int) -> str:

@@ -257,14 +257,24 @@ class Memory:
 
     def after_run(self, user_id: str, queued: bool) -> None:
         """Called by the agent after each run: learn the user's queued tasks soon (``queued``:
-        the run queued one), and start learning what other processes left queued."""
+        the run queued one), and :meth:`start` sweeping."""
         if not self.learns:
-            if queued or not self._said_cannot_learn:
-                self._cannot_learn()
+            self._cannot_learn()
             return
-        self._sweep_soon()
+        self.start()
         if queued:
             self.learn_soon(user_id)
+
+    def start(self) -> None:
+        """Learn, in the background, what any process left queued for any user (and prune
+        old history), now and every ``sweep_interval`` seconds until :meth:`close`. A
+        service calls it when it starts; the agent after each run. Needs a running event
+        loop; does nothing with a model that cannot learn."""
+        if not self.learns:
+            return
+        loop = asyncio.get_running_loop()
+        if self._sweeper is None or self._sweeper.done() or self._sweeper.get_loop() is not loop:
+            self._sweeper = loop.create_task(self._sweep_forever())
 
     def learn_soon(self, user_id: str) -> asyncio.Task[None] | None:
         """Learn the user's queued tasks in the background (one worker per user: a user
@@ -405,11 +415,6 @@ class Memory:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return task
-
-    def _sweep_soon(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._sweeper is None or self._sweeper.done() or self._sweeper.get_loop() is not loop:
-            self._sweeper = loop.create_task(self._sweep_forever())
 
     async def _sweep_forever(self) -> None:
         while True:

@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import _time
 from ..errors import CogencyError, UsageError
-from ..memory.entries import ProfileEntry
+from ..memory.entries import ProfileEntry, storable_int
 from ..memory.profile import Profile
 from ..tokens import count_tokens
 from .base import (
@@ -147,7 +147,7 @@ def _conversation(item: Any, number: int, user: str, check_id: Any,
             ident = _text(ident, f"{where}.messages[{index}].id", MAX_ID)
             ids.append(ident)
         tokens = message.get("tokens")
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        if not storable_int(tokens, 0):
             tokens = count_tokens(content)
         messages.append({"id": ident, "role": role, "content": content, "task_id": task_id,
                          "tokens": tokens,
@@ -166,7 +166,7 @@ def _task(item: Any, number: int, conversations: set[str], check_id: Any) -> Tas
     if conversation_id not in conversations:
         raise UsageError(f"{where}.conversation_id must name a conversation of the export")
     version = value.get("version", 1)
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+    if not storable_int(version, 1):
         raise UsageError(f"{where}.version must be a positive integer")
     approvals = []
     for index, raw in enumerate(_list(value.get("approvals"), f"{where}.approvals")):
