@@ -61,9 +61,9 @@ class Say:
 class Question:
     ask: str
     right: tuple[str, ...]
-    """Any of these (lower case) in an answer or the prompt counts as right."""
+    """Any of these words (lower case) in an answer or the prompt counts as right."""
     wrong: tuple[str, ...] = ()
-    """What was true once and is not now."""
+    """What was true once and is not now (an answer holding one is wrong)."""
 
 
 @dataclass
@@ -109,7 +109,7 @@ SCENARIOS = [
         [Say("I deploy everything on Kubernetes.", {"platform": "Kubernetes"})],
     ], [
         Question("What is my diet?", ("vegan",), ("vegetarian",)),
-        Question("How many engineers are on my team?", ("5", "five"), ("3 ", "three")),
+        Question("How many engineers are on my team?", ("5", "five"), ("3", "three")),
         Question("Where do I deploy my services?", ("kubernetes",)),
     ]),
 ]
@@ -203,6 +203,7 @@ async def bench(spec: str, force_learn: bool, answer: bool) -> dict[str, Any]:
     learner = Recording(model)
     interactions = 0
     total = Tally()
+    contexts: dict[str, str] = {}
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         store = SQLiteStore(Path(tmp) / "recall.db")
@@ -217,10 +218,11 @@ async def bench(spec: str, force_learn: bool, answer: bool) -> dict[str, Any]:
                         interactions += 1
                         await agent.memory.settle()  # a person types slower than this learns
                 context = (await agent.memory.activate(scenario.user)).lower()
+                contexts[scenario.user] = context
                 for question in scenario.questions:
                     total.questions += 1
-                    right = any(r in context for r in question.right)
-                    wrong = any(w in context for w in question.wrong)
+                    right = _holds(context, question.right)
+                    wrong = _holds(context, question.wrong)
                     total.recalled += right
                     total.wrong_held += wrong
                     said = ""
@@ -228,8 +230,8 @@ async def bench(spec: str, force_learn: bool, answer: bool) -> dict[str, Any]:
                         reply = await agent.run(question.ask, scenario.user)
                         said = (reply.response or "").lower()
                         total.answered += 1
-                        total.answered_right += (any(r in said for r in question.right)
-                                                 and not any(w in said for w in question.wrong))
+                        total.answered_right += (_holds(said, question.right)
+                                                 and not _holds(said, question.wrong))
                     total.lines.append(
                         f"{scenario.user:5} {question.ask:55} profile: "
                         f"{'right' if right else 'missing':7} "
@@ -251,7 +253,13 @@ async def bench(spec: str, force_learn: bool, answer: bool) -> dict[str, Any]:
         "learning_calls_per_interaction": learner.calls / interactions,
         "learning_prompt_tokens_per_interaction": learner.prompt_tokens / interactions,
         "rows": rows, "seconds": round(time.monotonic() - began, 1), "lines": total.lines,
+        "contexts": contexts,
     }
+
+
+def _holds(text: str, words: tuple[str, ...]) -> bool:
+    """Whether ``text`` holds one of ``words`` as a word (``5`` is not in ``15``)."""
+    return any(re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) for word in words)
 
 
 async def _rows(store: SQLiteStore, table: str) -> int:
@@ -272,6 +280,8 @@ def main() -> None:
     parser.add_argument("--no-answers", action="store_true",
                         help="check the profile only; do not ask the agent the questions")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--show-profiles", action="store_true",
+                        help="also print each user's USER CONTEXT as the prompt quotes it")
     args = parser.parse_args()
     figures = asyncio.run(bench(args.llm, args.force_learn, not args.no_answers))
     if args.json:
@@ -279,6 +289,9 @@ def main() -> None:
         return
     for line in figures["lines"]:
         print(line)
+    if args.show_profiles:
+        for user, context in figures["contexts"].items():
+            print(f"\n--- {user}\n{context or '(nothing learned)'}")
     questions = figures["questions"]
     print(f"\nmodel                         {figures['llm']}"
           + ("" if figures["learns"] else "  (says it cannot learn: nothing is learned)"))
