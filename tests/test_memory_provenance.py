@@ -394,3 +394,62 @@ async def test_a_thousand_quick_tasks_leave_at_most_one_queued_row(any_store, ra
     assert len(learner.calls) == 3  # the 20 in one extraction call (then a consolidation)
     assert learner.calls[1][0]["content"].count("<interaction>") == 20
     assert await raw("SELECT COUNT(*) FROM learning_queue") == [(0,)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_profile_learned_before_entries_existed_becomes_entries(backend, tmp_path):
+    """Opening a database of the previous schema adopts each stored profile's values as
+    entries (no sources: learned before they were kept), which then change like any other."""
+    import sqlite3
+
+    from cogency.memory import Profile
+    from cogency.storage import open_store
+
+    old = Profile("ann", preferences={"editor": "vim"}, goals=["write a book"],
+                  interaction_count=4)
+    data = json.dumps(old.to_dict())
+    if backend == "sqlite":
+        from cogency.storage.sqlite import migrate
+
+        where = str(tmp_path / "old.db")
+        connection = sqlite3.connect(where, isolation_level=None)
+        migrate(connection, upto="m008_task_settings")
+        connection.execute("INSERT INTO user_profiles (user_id, profile_data) VALUES ('ann', ?)",
+                           (data,))
+        connection.close()
+        await _adopted(open_store(where))
+        return
+    import asyncpg
+    import pgutil
+
+    from cogency.storage import postgres
+
+    async with pgutil.fresh_database() as where:
+        connection = await asyncpg.connect(where)
+        try:
+            await postgres.migrate(connection, upto="m008_task_settings")
+            await connection.execute(
+                "INSERT INTO user_profiles (user_id, profile_data) VALUES ('ann', $1)", data)
+        finally:
+            await connection.close()
+        await _adopted(open_store(where))
+
+
+async def _adopted(store: Any) -> None:
+    try:
+        memory = Memory(store=store)
+        entries = await memory.entries("ann")
+        assert {(e.field, e.key, e.value, e.origin) for e in entries} == {
+            ("preferences", "editor", "vim", "learned"), ("goals", "", "write a book", "learned")}
+        assert all(e.sources == [] for e in entries)
+        learner = ScriptedLLM([insights(preferences={"editor": "helix"})])
+        async with Agent(llm=ScriptedLLM([answer()]), store=store,
+                         memory=Memory(llm=learner)) as agent:
+            await run_and_learn(agent, "I use helix now", "ann")
+        (vim,) = await memory.history("ann")
+        assert vim.value == "vim" and vim.reason == "replaced"
+        profile = await memory.profile("ann")
+        assert profile.preferences == {"editor": "helix"} and profile.interaction_count == 5
+        assert profile.goals == ["write a book"]
+    finally:
+        await store.close()
