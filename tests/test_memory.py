@@ -295,6 +295,10 @@ async def test_close_gives_up_after_its_time_limit_without_raising(store, db, ca
     assert "still running after 0.2 s; cancelling" in caplog.text
     row = profile_row(db, "alice")
     assert row["goals"] == [] and row["interaction_count"] == 0
+    # not lost: still queued, and let go, for the next process with memory on
+    (queued,) = db.execute("SELECT tasks, claimed, holder FROM learning_queue").fetchall()
+    assert json.loads(queued[0])[0]["task_id"] == result.task_id
+    assert queued[1:] == ("[]", None)
 
 
 def test_run_sync_finishes_pending_learning(db_path: Path) -> None:
