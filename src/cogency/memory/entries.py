@@ -211,6 +211,8 @@ class ProfileBook:
         self.added: list[ProfileEntry] = []
         self.changed: dict[str, ProfileEntry] = {}
         self._new_ids: set[str] = set()
+        self._exact: Profile | None = None
+        """A raw edit's profile, stored as it was given (see :meth:`edit`)."""
 
     @classmethod
     def adopt(cls, profile: Profile, *, now: datetime | None = None) -> ProfileBook:
@@ -242,6 +244,7 @@ class ProfileBook:
               model: str | None = None, interactions: int = 1) -> None:
         """Apply an extraction reply (v1.0 insight keys) learned from ``interactions``
         interactions, each value citing ``sources``; malformed values are skipped."""
+        self._exact = None
         self.profile.interaction_count += interactions
         self.profile.last_updated = self.now
         if not isinstance(insights, dict):
@@ -281,6 +284,7 @@ class ProfileBook:
         """
         if not isinstance(synthesis, dict):
             return False
+        self._exact = None
         usable = False
         for name in SYNTHESIS_FIELDS:
             items = _items(name, synthesis.get(name))
@@ -337,6 +341,7 @@ class ProfileBook:
             raise UsageError(f"field must be one of {', '.join(SYNTHESIS_FIELDS)}, "
                              f"not {str(field_name)[:40]!r}")
         text = _user_text(value, "value")
+        self._exact = None
         if field_name in _MAP_BOUNDS:
             if key is None:
                 raise UsageError(f"{field_name} entries need a key (a name for the value), "
@@ -370,6 +375,7 @@ class ProfileBook:
     def remove(self, entry_id: str) -> ProfileEntry:
         """Take a current entry out of the profile as the user (it stays as history)."""
         entry = self.entry(entry_id)
+        self._exact = None
         self._supersede(entry, "removed", None)
         self.profile.last_updated = self.now
         return entry
@@ -379,8 +385,15 @@ class ProfileBook:
     def edit(self, apply: Callable[[Profile], None]) -> None:
         """Run ``apply`` on the projection (as ``Store.update_profile`` does), then make the
         entries say what it says: values it added become entries without sources, values it
-        took out become history."""
-        projection = self.projection()
+        took out become history. The profile it made is stored as it is (any JSON values,
+        within the bounds), though the entries hold its values as learned text is held; the
+        next learning or correction stores the entries' projection."""
+        # The stored profile as it is, unless this book changed it: a raw edit sees what it
+        # would have seen before entries existed.
+        projection = replace(self._exact) if self._exact is not None else self.projection()
+        for name in BOUNDS:  # its own lists and maps, not the stored row's
+            value = getattr(projection, name)
+            setattr(projection, name, value.copy() if isinstance(value, (list, dict)) else value)
         apply(projection)
         try:
             data = projection.to_dict()
@@ -395,6 +408,7 @@ class ProfileBook:
         self._sync(checked)
         for name in ("created_at", "last_updated", "interaction_count", "synthesis_version"):
             setattr(self.profile, name, getattr(checked, name))
+        self._exact = checked
 
     def take(self, profile: Profile) -> None:
         """Make the book hold ``profile``'s values and metadata (a profile given to a save)."""
@@ -412,6 +426,7 @@ class ProfileBook:
         sources; an entry whose value it no longer holds becomes history."""
         if self._values() != _values_of(stored):
             self._sync(stored)
+        self._exact = stored  # unless something changes, the row stays as it is
 
     def _sync(self, target: Profile) -> None:
         for name in BOUNDS:
@@ -441,7 +456,7 @@ class ProfileBook:
             excess = len(entries) - bound
             for entry in [e for e in entries if e.origin != "user"][:max(0, excess)]:
                 self._supersede(entry, "bounds", None)
-        self.profile = self.projection()
+        self.profile = self._exact if self._exact is not None else self.projection()
         return self.profile
 
     def projection(self) -> Profile:
