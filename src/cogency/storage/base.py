@@ -891,6 +891,13 @@ def runner_alive(runner: str) -> bool:
     return _process_start(pid) == start  # a reused pid is another process
 
 
+def lease_free(holder: str | None, until: datetime | None, now: datetime) -> bool:
+    """Whether a row held by ``holder`` until ``until`` may be taken at ``now`` (a task's or a
+    conversation's lease, a claim on a user's learning): nobody holds it, its time is up, or
+    its holder is a process of this host that is gone."""
+    return not holder or until is None or until <= now or not runner_alive(holder)
+
+
 def _process_start(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
@@ -1020,9 +1027,13 @@ def pending_count(*texts: str | None, user_id: str) -> int:
 
 
 def claimable(holder: str | None, lease_until: str | None, me: str, now: str) -> bool:
-    """Whether a queue row held by ``holder`` until ``lease_until`` may be claimed by ``me``."""
-    return (holder is None or holder == me or lease_until is None or lease_until <= now
-            or not runner_alive(holder))
+    """Whether a queue row held by ``holder`` until ``lease_until`` may be claimed by ``me``
+    (times as the row keeps them: ISO text)."""
+    return holder == me or lease_free(holder, _moment(lease_until), _time.parse(now))
+
+
+def _moment(text: str | None) -> datetime | None:
+    return None if text is None else _time.parse(text)
 
 
 def claim_lost(claim: LearningClaim) -> ClaimLostError:
@@ -1057,6 +1068,6 @@ def learning_status_of(row: Any, user_id: str, now: str) -> LearningStatus:
     return LearningStatus(
         user_id, pending_count(tasks, claimed, user_id=user_id), dropped, attempts, error,
         _time.parse(due) if due else None,
-        holder is not None and until is not None and until > now and runner_alive(holder),
+        not lease_free(holder, _moment(until), _time.parse(now)),
         _time.parse(since) if since else None,
     )

@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
-from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, lease_free, process_of
+from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, process_of
 from ._window import Newest, Window, Windows
 from .base import (
     ENTRY_COLUMNS,
@@ -58,6 +58,7 @@ from .base import (
     import_conflict,
     import_taken,
     learning_status_of,
+    lease_free,
     pending_count,
     queue_task,
     queued_tasks,
