@@ -294,6 +294,58 @@ async def test_export_forget_import_restores_the_same_profile_and_conversations(
         await Memory(store=any_store).import_user(broken)
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+async def test_an_import_keeps_client_tool_calls_and_turns_and_counts_tokens_itself(
+        any_store, raw):
+    from cogency.storage.base import turns_digest
+    from cogency.tokens import count_tokens, most_tokens
+
+    llm = ScriptedLLM([answer("hello back"),
+                       {"secure": True, "response": None,
+                        "actions": [{"name": "get_weather", "args": {"city": "Oslo"}}]},
+                       answer("Oslo: sunny.")])
+    async with Agent(llm=llm, store=any_store) as agent:
+        said = await agent.run("hello", "alice")
+        paused = await agent.run("weather?", "alice", client_tools=[WEATHER])
+        [waiting] = paused.tool_calls
+        # the client's result, recorded before the task resumes (decider "client")
+        await any_store.decide_approvals(paused.task_id, "alice", {waiting["id"]: "sunny"})
+    memory = Memory(store=any_store)
+    document = await memory.export_user("alice")
+    [(task)] = document["tasks"]
+    assert [(c["decider"], c["status"], c["output"]) for c in task["approvals"]] == [
+        ("client", "answered", "sunny")]
+    await memory.forget("alice")
+    # A hostile document may say any count: kept only when it is the bound a store keeps
+    # (the text's UTF-8 length), else counted; never one below the text's.
+    long = "word " * 400
+    chat = next(c for c in document["conversations"]
+                if c["conversation_id"] == said.conversation_id)
+    chat["messages"][0]["content"] = long
+    chat["messages"][0]["tokens"] = 1
+    chat["messages"][1]["tokens"] = most_tokens(chat["messages"][1]["content"])
+    await memory.import_user(document)
+    rows = await raw("SELECT content, tokens FROM conversation_messages WHERE "
+                     "conversation_id = ? ORDER BY seq", said.conversation_id)
+    assert rows == [(long, count_tokens(long)), ("hello back", most_tokens("hello back"))]
+    assert await raw("SELECT call_id, status, decider, output FROM task_approvals") == [
+        (waiting["id"], "answered", "client", "sunny")]
+    # the imported conversation is found by its turns, as a resent chat history finds it
+    digest = turns_digest([("user", long), ("assistant", "hello back")])
+    assert await any_store.find_conversation_by_turns("alice", digest) == said.conversation_id
+    # and the task goes on with the client's result
+    async with Agent(llm=ScriptedLLM([answer("Oslo: sunny.")]), store=any_store) as agent:
+        done = await agent.resume(paused.task_id, "alice")
+    assert done.response == "Oslo: sunny."
+    [(content,)] = await raw("SELECT content FROM conversation_messages WHERE role = 'tool'")
+    assert json.loads(content)["output"] == "sunny"
+
+
 async def test_forgets_receipt_matches_the_rows_that_were_there(any_store, raw):
     learner = ScriptedLLM([insights(goals=["a"]), insights(goals=["b"]), insights()])
     llm = ScriptedLLM([answer(), answer(), answer("bob's"),

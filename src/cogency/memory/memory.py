@@ -392,7 +392,9 @@ class Memory:
         a malformed document, ``ConflictError`` when the user or one of its ids exists."""
         from ..storage.export import counts, from_document
 
-        data = from_document(document, user_id=None if user_id is None else _user(user_id))
+        # Off the event loop: checking a large document (and counting its tokens) takes time.
+        data = await asyncio.to_thread(
+            from_document, document, user_id=None if user_id is None else _user(user_id))
         await self._store().import_user(data)
         return counts(data)
 

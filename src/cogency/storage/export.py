@@ -29,7 +29,7 @@ from .. import _time
 from ..errors import CogencyError, UsageError
 from ..memory.entries import ProfileEntry, storable_int
 from ..memory.profile import Profile
-from ..tokens import message_tokens
+from ..tokens import count_tokens, most_tokens
 from .base import (
     APPROVAL_STATUSES,
     DECIDERS,
@@ -148,15 +148,22 @@ def _conversation(item: Any, number: int, user: str, check_id: Any,
         if ident is not None:
             ident = _text(ident, f"{where}.messages[{index}].id", MAX_ID)
             ids.append(ident)
-        # Counted here, never taken from the document: a count below the text's would let
-        # it into every prompt's window past the budget.
         messages.append({"id": ident, "role": role, "content": content, "task_id": task_id,
-                         "tokens": message_tokens(content),
+                         "tokens": _tokens(content, message.get("tokens")),
                          "created_at": _moment(message.get("created_at"),
                                                f"{where}.messages[{index}].created_at")})
     _unique(ids, f"{where} message id")
     return ConversationData(conversation_id, data, _when(value.get("updated_at"), where),
                             messages)
+
+
+def _tokens(content: str, given: Any) -> int:
+    """A message's stored count: the document's when it is the upper bound a store keeps
+    (:func:`~cogency.tokens.most_tokens`), else counted here, exactly. A count below the
+    text's is never taken: it would let the message into every prompt's window past its
+    budget."""
+    bound = most_tokens(content)
+    return bound if given == bound else count_tokens(content)
 
 
 def _task(item: Any, number: int, conversations: set[str], check_id: Any) -> TaskData:
