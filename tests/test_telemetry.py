@@ -390,6 +390,33 @@ async def test_learning_is_a_new_trace_linked_to_the_run_even_from_stored_json(
         assert memory.links == ()
 
 
+async def test_tasks_learned_together_link_to_each_of_their_runs(spans, db_path):
+    gate = asyncio.Event()
+
+    async def stuck(messages):
+        await gate.wait()  # this process ends before it learns: both tasks stay queued
+
+    async with Agent(llm=ScriptedLLM([step(response="a"), step(response="b")]),
+                     store=str(db_path),
+                     memory=Memory(llm=ScriptedLLM([stuck]), settle_timeout=0)) as agent:
+        await agent.run("I like tea", user_id="fay")
+        await agent.run("I like maps", user_id="fay")
+    runs = named(spans.get_finished_spans(), "invoke_agent cogency")
+    assert len(runs) == 2
+    spans.clear()
+    store = SQLiteStore(db_path)
+    memory = Memory(store=store, llm=ScriptedLLM([LEARNED, CONSOLIDATED]))
+    try:
+        assert await memory.catch_up() == 1 and await memory.settle()
+    finally:
+        await memory.close()
+        await store.close()
+    [learned] = named(spans.get_finished_spans(), "upsert_memory")
+    assert sorted((link.context.trace_id, link.context.span_id) for link in learned.links) \
+        == sorted((run.context.trace_id, run.context.span_id) for run in runs)
+    assert "cogency.task.id" not in learned.attributes  # two tasks: the links name the runs
+
+
 def test_interaction_of_adds_nothing_when_nothing_is_traced():
     class State:  # the fields interaction_of reads
         task_id, query = "t", "q"

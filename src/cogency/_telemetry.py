@@ -10,7 +10,7 @@ chooses its exporter); nothing here is configured apart from them.
 Names follow the OpenTelemetry GenAI semantic conventions (development status): spans
 ``invoke_agent {agent}`` per run or resume, ``chat {model}`` per model call, ``execute_tool
 {tool}`` per tool call (MCP ones too, with the MCP attributes), ``upsert_memory`` and
-``update_memory`` per learning extraction and consolidation (new traces, *linked* to the run
+``update_memory`` per learning extraction and consolidation (new traces, *linked* to the runs
 they learned from, in whatever process they run). Store round trips are events
 (``cogency.store``) on the span they happen in. FastAPI traces ``cogency serve``'s requests
 itself; a run is inside the span of the request that started it. Metrics:
@@ -823,7 +823,7 @@ def learning_pending(task: asyncio.Task[Any] | None) -> None:
 async def learn(llm: Any, messages: list[dict[str, Any]], schema: dict[str, Any] | None,
                 phase: str) -> Any:
     """One learning model call (``phase``: ``extraction`` or ``consolidation``): a memory span,
-    a new trace linked to the run learned from, around the ``chat`` span of the call."""
+    a new trace linked to the runs learned from, around the ``chat`` span of the call."""
     if not _active():
         return await llm.generate(messages, schema=schema)
     operation = _MEMORY_OPERATIONS[phase]
