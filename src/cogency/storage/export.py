@@ -69,7 +69,8 @@ def to_document(data: UserData) -> dict[str, Any]:
                            for call in t.approvals]}
             for t in data.tasks
         ],
-        "learning": list(data.learning),
+        "learning": [{key: task.get(key) for key in ("task_id", "conversation_id", "at")}
+                     for task in data.learning],  # (a run's trace link is not the user's)
     }
 
 
