@@ -68,13 +68,18 @@ def count(db, sql):
         connection.close()
 
 
-def test_chat_steps_profile_and_forget(browser_page):
-    page, key, db, root = browser_page
+def sign_in_and_ask(page, key, query):
+    """Use the key, send ``query`` and see the echo model answer it."""
     page.fill("#key", key)
     page.click("#save-key")
-    page.fill("#query", "hello page")
+    page.fill("#query", query)
     page.click("#send")
-    expect(page.locator(".msg.assistant").last).to_have_text("echo: hello page")
+    expect(page.locator(".msg.assistant").last).to_have_text(f"echo: {query}")
+
+
+def test_chat_steps_profile_and_forget(browser_page):
+    page, key, db, root = browser_page
+    sign_in_and_ask(page, key, "hello page")
     # the steps of a run show as they happen: the tool call and its result
     page.fill("#query", "tool look around")
     page.click("#send")
@@ -122,11 +127,7 @@ def test_chat_steps_profile_and_forget(browser_page):
 
 def test_each_profile_entry_has_why_edit_and_remove(browser_page):
     page, key, db, root = browser_page
-    page.fill("#key", key)
-    page.click("#save-key")
-    page.fill("#query", "hello <b>profile</b>")
-    page.click("#send")
-    expect(page.locator(".msg.assistant").last).to_have_text("echo: hello <b>profile</b>")
+    sign_in_and_ask(page, key, "hello <b>profile</b>")
     entries = page.locator("#entries li")
     for _ in range(100):  # learned in the background
         page.click("#show-profile")
