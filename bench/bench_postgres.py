@@ -181,12 +181,19 @@ async def round_trip(store: PostgresStore, count: int = 200) -> float:
 # -- part 3: round trips -----------------------------------------------------------------------
 
 
-async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
+async def round_trips(dsn: str, turns: int = 3, *, memory: bool = False) -> dict[str, int]:
     """Round trips to the server during one one-step turn, by the store call that made them
     (after ``turns`` warm-up turns in the same conversation) on database ``dsn``: counted at
     the store's sockets, as the writes that follow an answer (what is written before the
-    server answers travels together: one round trip)."""
+    server answers travels together: one round trip).
+
+    ``memory``: with memory on (``Memory`` learning with a scripted model): the turn also
+    reads the profile for the prompt (``load_profile``), and its completion queues its
+    learning. The learning itself (claimed and done in the background after the turn) is
+    held until the turn is counted, then let through; it is not part of the turn."""
     from asyncio import selector_events
+
+    from cogency import Memory
 
     sent = [0]
     answered: dict[int, bool] = {}
@@ -205,7 +212,10 @@ async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
 
     phases: dict[str, int] = {}
     store = PostgresStore(dsn)
-    for name in ("begin_task", "load_messages", "save", "claim_task", "release_task"):
+    names = ["begin_task", "load_messages", "save", "claim_task", "release_task"]
+    if memory:
+        names.append("load_profile")
+    for name in names:
         method = getattr(store, name)
 
         async def counted(*args, _method=method, _name=name, **options):
@@ -216,21 +226,40 @@ async def round_trips(dsn: str, turns: int = 3) -> dict[str, int]:
                 phases[_name] = phases.get(_name, 0) + sent[0] - before
 
         setattr(store, name, counted)
+    held = asyncio.Event()  # background learning waits while a turn is counted
+    for name in ("claim_learning", "prune_history"):
+        method = getattr(store, name)
+
+        async def gated(*args, _method=method, **options):
+            await held.wait()
+            return await _method(*args, **options)
+
+        setattr(store, name, gated)
+    learned = {"preferences": [], "goals": [], "expertise": [], "communication_style": "",
+               "project_context": [], "interests": [], "constraints": [],
+               "success_pattern": "", "failure_pattern": ""}
+    learner = Memory(llm=ScriptedLLM([learned] * (2 * turns + 2)), synthesis_threshold=100) \
+        if memory else None
     transport.write, transport._read_ready__data_received = write, read
     try:
         conversation = None
         for turn in range(turns + 1):
             phases.clear()
+            held.clear()
             before = sent[0]
             agent = Agent(llm=ScriptedLLM([{"secure": True, "response": f"answer {turn}",
-                                            "actions": []}]), store=store)
+                                            "actions": []}]), store=store,
+                          memory=learner or False)
             result = await agent.run(f"turn {turn}", "alice", conversation)
             conversation = result.conversation_id
-            phases["total"] = sent[0] - before
+            counted = {**phases, "total": sent[0] - before}
+            held.set()
+            if agent.memory is not None:
+                await agent.memory.close()  # learns the turn, outside the count
     finally:
         transport.write, transport._read_ready__data_received = original, original_read
         await store.close()
-    return phases
+    return counted
 
 
 # -- part 2: per-turn cost -------------------------------------------------------------------
@@ -331,11 +360,12 @@ async def main(quick: bool) -> None:
           f"late/early on postgres: x{pg['late'] / pg['early']:.2f}")
     print(f"   one PostgreSQL round trip (SELECT 1, same pool, same moment): "
           f"{pg['round_trip']:.3f} ms; a turn costs {pg['median'] / pg['round_trip']:.0f} of them")
-    async with fresh_database() as dsn:
-        trips = await round_trips(dsn)
-    print("\n3. round trips to PostgreSQL of one one-step turn (warm store): "
-          f"{trips.pop('total')} in all; by store call: "
-          + ", ".join(f"{name} {count}" for name, count in trips.items()))
+    for memory in (False, True):
+        async with fresh_database() as dsn:
+            trips = await round_trips(dsn, memory=memory)
+        print(f"\n3. round trips to PostgreSQL of one one-step turn (warm store), memory "
+              f"{'on' if memory else 'off'}: {trips.pop('total')} in all; by store call: "
+              + ", ".join(f"{name} {count}" for name, count in trips.items()))
 
 
 if __name__ == "__main__":

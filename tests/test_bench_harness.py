@@ -150,7 +150,10 @@ async def test_quick_postgres_benchmark_runs_both_stores_and_counts_two_round_tr
     for store in ("postgres ", "postgres-async-commit", "sqlite "):
         assert f"   {store}" in out
     assert "late/early on postgres: x" in out and "postgres/sqlite: x" in out
-    assert "2 in all; by store call: begin_task 1, save 1" in out
+    assert "memory off: 2 in all; by store call: begin_task 1, save 1" in out
+    # With memory on the turn reads the profile, and its completion queues its learning in
+    # the same statement: still one round trip.
+    assert "memory on: 3 in all; by store call: begin_task 1, load_profile 1, save 1" in out
 
 
 async def test_quick_pgbouncer_benchmark_compares_routes_and_counts_server_connections():

@@ -269,6 +269,8 @@ async def test_a_run_that_keeps_nothing_runs_and_leaves_no_row_and_teaches_nothi
     assert title.conversation_id != kept.conversation_id
     assert await counts() == before  # nothing of it stays
     assert await raw("SELECT profile_data FROM user_profiles") == profile
+    queued = await raw("SELECT tasks, claimed FROM learning_queue")  # nor is it to be learned
+    assert not any(title.task_id in text for row in queued for text in row)
 
     paused = await agent.run("weather?", "ada", client_tools=[WEATHER], keep=False)
     [waiting] = paused.tool_calls

@@ -9,7 +9,6 @@ predictable.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import sqlite3
@@ -296,6 +295,10 @@ async def test_close_gives_up_after_its_time_limit_without_raising(store, db, ca
     assert "still running after 0.2 s; cancelling" in caplog.text
     row = profile_row(db, "alice")
     assert row["goals"] == [] and row["interaction_count"] == 0
+    # not lost: still queued, and let go, for the next process with memory on
+    (queued,) = db.execute("SELECT tasks, claimed, holder FROM learning_queue").fetchall()
+    assert json.loads(queued[0])[0]["task_id"] == result.task_id
+    assert queued[1:] == ("[]", None)
 
 
 def test_run_sync_finishes_pending_learning(db_path: Path) -> None:
@@ -352,14 +355,14 @@ async def test_wrongly_typed_insights_leave_a_valid_profile(store, db) -> None:
     assert row["interaction_count"] == 1
 
 
-async def test_failing_learning_model_is_retried_with_the_next_interaction(
+async def test_failing_learning_model_keeps_the_task_queued_and_learns_it_with_the_next(
     store, db, caplog
 ) -> None:
     caplog.set_level(logging.WARNING, logger="cogency.memory")
     down = RuntimeError("provider down")
     learner = ScriptedLLM([
         down, down, down,  # the first interaction: every attempt fails
-        insights(goals=["from task one"]), insights(goals=["from task two"]),
+        insights(goals=["from task one", "from task two"]),  # both, learned together
     ])
     memory = Memory(llm=learner, retry_delay=0, learn_retries=2)
     llm = ScriptedLLM([answer("first answer"), answer("second answer")])
@@ -370,14 +373,22 @@ async def test_failing_learning_model_is_retried_with_the_next_interaction(
         row = profile_row(db, "alice")
         assert row["goals"] == [] and row["interaction_count"] == 0
         assert caplog.text.count("provider down") == 3
-        assert "kept 1 interaction(s) of user 'alice'" in caplog.text
+        # Kept in the store, visible, and what failed is said.
+        status = await agent.memory.status("alice")
+        assert status.pending == 1 and status.attempts == 1
+        assert "provider down" in status.last_error
+        (queued,) = db.execute("SELECT tasks, attempts FROM learning_queue").fetchall()
+        assert json.loads(queued[0])[0]["task_id"] == result.task_id and queued[1] == 1
 
-        result = await agent.run("task two", "alice")
-        assert result.response == "second answer"
+        second = await agent.run("task two", "alice")  # due again at once, with the new task
+        assert second.response == "second answer"
     row = profile_row(db, "alice")
-    assert row["goals"] == ["from task one", "from task two"]  # in the order they happened
-    assert row["interaction_count"] == 2
-    assert "task one" in learner.calls[3][0]["content"]
+    assert row["goals"] == ["from task one", "from task two"]
+    assert row["interaction_count"] == 2  # two interactions, one extraction call
+    prompt = learner.calls[3][0]["content"]
+    assert prompt.index("task one") < prompt.index("task two")  # oldest first
+    assert prompt.count("<interaction>") == 2
+    assert db.execute("SELECT COUNT(*) FROM learning_queue").fetchone() == (0,)
 
 
 async def test_failed_task_is_not_learned(store, db) -> None:
@@ -394,64 +405,60 @@ async def test_failed_task_is_not_learned(store, db) -> None:
 # -- concurrency ----------------------------------------------------------------------------------
 
 
-async def test_two_concurrent_tasks_of_one_user_both_land(store, db) -> None:
+async def test_two_concurrent_tasks_of_one_user_are_learned_once_each(store, db) -> None:
     active = peak = 0
-    another = asyncio.Event()
+    learned: list[str] = []
 
-    def learning(goal: str):
-        async def respond(messages: list[dict[str, Any]]) -> dict[str, Any]:
-            nonlocal active, peak
-            active += 1
-            peak = max(peak, active)
-            if active > 1:
-                another.set()
-            # Give another learning call of the user the chance to start meanwhile: without
-            # serialization it would (and end the wait early); with it, none may.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(another.wait(), 0.3)
-            active -= 1
-            return insights(goals=[goal], interests=[goal])
+    async def respond(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.05)  # room for another call of this user to start (none may)
+        active -= 1
+        prompt = messages[0]["content"]
+        found = [q for q in ("task A", "task B") if q in prompt]
+        learned.extend(found)
+        return insights(goals=found, interests=found)
 
-        return respond
-
-    learner = ScriptedLLM([learning("first"), learning("second")])
+    learner = ScriptedLLM([respond, respond])
     llm = ScriptedLLM([answer(), answer()])
     async with Agent(llm=llm, store=store, memory=Memory(llm=learner)) as agent:
         results = await asyncio.gather(agent.run("task A", "alice"), agent.run("task B", "alice"))
     assert [r.stop_reason for r in results] == ["completed", "completed"]
     row = profile_row(db, "alice")
-    assert sorted(row["goals"]) == ["first", "second"] and row["interaction_count"] == 2
-    assert peak == 1  # one user's learning is serialized
-    assert agent.memory._locks == {}  # per-user locks are dropped when idle
+    assert sorted(row["goals"]) == ["task A", "task B"] and row["interaction_count"] == 2
+    assert sorted(learned) == ["task A", "task B"]  # each learned once (together or not)
+    assert peak == 1  # one user's learning is one worker at a time
+    assert agent.memory._working == {}  # workers are dropped when idle
 
 
-async def test_two_agents_learning_at_once_lose_nothing(store, db) -> None:
-    gates = [asyncio.Event(), asyncio.Event()]
-    arrived = asyncio.Semaphore(0)
+async def test_two_agents_on_one_store_learn_each_task_exactly_once(store, db) -> None:
+    gate = asyncio.Event()
+    arrived = asyncio.Event()
 
-    def held(index: int, goal: str):
-        async def respond(messages: list[dict[str, Any]]) -> dict[str, Any]:
-            arrived.release()
-            await gates[index].wait()
-            return insights(goals=[goal])
+    async def held(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        arrived.set()
+        await gate.wait()
+        prompt = messages[0]["content"]
+        return insights(goals=[q for q in ("query one", "query two") if q in prompt])
 
-        return respond
-
-    agents = [
-        Agent(llm=ScriptedLLM([answer()]), store=store,
-              memory=Memory(llm=ScriptedLLM([held(i, goal)])))
-        for i, goal in enumerate(["from agent one", "from agent two"])
-    ]
-    for agent, query in zip(agents, ["one", "two"], strict=True):
-        await agent.run(query, "alice")
-    for _ in agents:  # both learning calls are in flight before either writes
-        await asyncio.wait_for(arrived.acquire(), 10)
-    for gate in gates:
-        gate.set()
+    learners = [ScriptedLLM([held, held]), ScriptedLLM([held, held])]
+    agents = [Agent(llm=ScriptedLLM([answer()]), store=store, memory=Memory(llm=learner))
+              for learner in learners]
+    await agents[0].run("query one", "alice")
+    await asyncio.wait_for(arrived.wait(), 10)  # agent one is learning "one", claimed
+    await agents[1].run("query two", "alice")  # queued behind that claim
+    await asyncio.sleep(0.1)
+    gate.set()
     await asyncio.gather(*(agent.close() for agent in agents))
     row = profile_row(db, "alice")
-    assert sorted(row["goals"]) == ["from agent one", "from agent two"]
+    assert sorted(row["goals"]) == ["query one", "query two"]
     assert row["interaction_count"] == 2
+    prompts = [call[0]["content"] for learner in learners for call in learner.calls]
+    # Each task reached exactly one extraction that was stored: no task twice.
+    assert sorted(q for p in prompts for q in ("query one", "query two")
+                  if f"Query: {q}" in p) == ["query one", "query two"]
+    assert db.execute("SELECT COUNT(*) FROM learning_queue").fetchone() == (0,)
 
 
 # -- forgetting -----------------------------------------------------------------------------------

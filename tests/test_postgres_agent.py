@@ -163,3 +163,28 @@ async def test_a_one_step_turn_is_two_round_trips(pg):
     from bench.bench_postgres import round_trips
 
     assert await round_trips(pg.dsn) == {"begin_task": 1, "save": 1, "total": 2}
+
+
+async def test_with_memory_on_a_completion_queues_its_learning_in_its_one_statement():
+    """Memory on adds the profile read for the prompt; the completion still is one statement,
+    which also queues the task for learning (in a transaction of its own statements it took
+    five round trips)."""
+    import pgutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.bench_postgres import round_trips
+
+    import asyncpg
+
+    async with pgutil.fresh_database(as_app=True) as dsn:  # row-level security on
+        assert await round_trips(dsn, memory=True) == {
+            "begin_task": 1, "load_profile": 1, "save": 1, "total": 3}
+        # each of the 4 turns was queued, then learned (after it was counted)
+        db = await asyncpg.connect(pgutil.dsn_for(dsn.rsplit("/", 1)[1]))  # as the admin
+        try:
+            data = await db.fetchval(
+                "SELECT profile_data::text FROM user_profiles WHERE user_id = 'alice'")
+            left = await db.fetchval("SELECT count(*) FROM learning_queue")
+        finally:
+            await db.close()
+    assert json.loads(data)["interaction_count"] == 4 and left == 0

@@ -55,6 +55,32 @@ async def test_a_store_behind_pgbouncer_finds_it_and_works(mode):
         assert direct.pooled is False
 
 
+async def test_memory_learns_exports_and_forgets_through_pgbouncer():
+    """Memory's statements (the completion that queues learning, the claim, the entries, an
+    export's snapshot) keep no session state either."""
+    from memory_replies import answer, insights
+
+    from cogency import Memory
+
+    bouncer = pgutil.pgbouncer("transaction")
+    async with pgutil.fresh_store(as_app=True, port=bouncer.port) as store:
+        learner = ScriptedLLM([insights(goals=["sail"])])
+        async with Agent(llm=ScriptedLLM([answer("ahoy")]), store=store,
+                         memory=Memory(llm=learner)) as agent:
+            await agent.run("I want to sail", "alice")
+            await agent.memory.settle()
+        memory = Memory(store=store)
+        [goal] = await memory.entries("alice")
+        assert goal.value == "sail" and goal.sources[0]["message_ids"]
+        document = await memory.export_user("alice")
+        assert [e["value"] for e in document["entries"]] == ["sail"]
+        receipt = await memory.forget("alice")
+        assert (receipt.entries, receipt.conversations, receipt.pending_learning) == (1, 1, 0)
+        await memory.import_user(document)
+        assert [e.value for e in await memory.entries("alice")] == ["sail"]
+        assert store.pooled is True
+
+
 async def test_a_pooler_that_passes_startup_settings_on_is_found_by_its_first_miss():
     """A pooler that accepts plan_cache_mode but hands each transaction another server
     connection: a statement prepared on one is missing on the next. The store's statement

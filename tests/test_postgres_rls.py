@@ -8,11 +8,13 @@ from __future__ import annotations
 import pgutil
 import pytest
 
+from cogency.memory import Memory
 from cogency.state import State, add_message
 from cogency.storage.postgres import _Sql
 
 TABLES = ("user_profiles", "conversations", "conversation_messages", "task_workspaces",
-          "task_approvals", "api_keys", "conversation_runs", "idempotency_keys")
+          "task_approvals", "api_keys", "conversation_runs", "idempotency_keys",
+          "profile_entries", "learning_queue")
 
 
 async def _two_users(store) -> None:
@@ -25,7 +27,8 @@ async def _two_users(store) -> None:
     for user in ("alice", "bob"):
         done = await State.start_task(f"{user}'s secret", user, store=store, record_query=True)
         add_message(done, "assistant", f"{user}'s answer")
-        await done.complete_task()
+        await done.complete_task(learn=True)  # queued for learning (memory on)
+        await Memory(store=store).set_entry(user, "goals", f"{user}'s goal")
         await State.start_task(f"{user}'s open task", user, store=store, record_query=True)
         await create_key(store, user)
         await store.hold_conversation(f"{user}-held", user, new_runner())
@@ -70,6 +73,12 @@ async def test_a_statement_that_forgets_its_user_filter_finds_only_its_users_row
         assert tasks["task_workspaces"] == {"alice", "bob"} and tasks["conversations"] == set()
         keys = await _every_row(store, scope="api_keys")
         assert keys["api_keys"] == {"alice", "bob"} and keys["user_profiles"] == set()
+        # The learning sweep sees every user's queue, pruning every user's profile entries:
+        # nothing else.
+        for scope, table in (("learning", "learning_queue"), ("history", "profile_entries")):
+            found = await _every_row(store, scope=scope)
+            assert found == {name: {"alice", "bob"} if name == table else set()
+                             for name in TABLES}, scope
         # The admin, a superuser, is not restricted (migrations and the tests' own reads).
         rows = await pgutil.raw_rows(store)("SELECT DISTINCT user_id FROM conversations")
         assert {row[0] for row in rows} == {"alice", "bob"}

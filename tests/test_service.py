@@ -170,9 +170,10 @@ def test_conversations_and_messages_are_the_users_own(service):
         assert [m["content"] for m in last] == ["echo: alice speaks"]
 
 
-def _isolation_calls(conversation, task):
+def _isolation_calls(conversation, task, entry):
     """Every route that takes an id, called with another user's id."""
     return {
+        ("delete", "/api/profile/entries/{entry_id}"): dict(url=f"/api/profile/entries/{entry}"),
         ("post", "/api/runs"): dict(json={"query": "intrude", "conversation_id": conversation}),
         ("post", "/api/tasks/{task_id}/resume"): dict(url=f"/api/tasks/{task}/resume"),
         ("get", "/api/tasks/{task_id}"): dict(url=f"/api/tasks/{task}"),
@@ -190,8 +191,10 @@ def test_every_route_keeps_users_apart(service):
     with server.client(keys["alice"]) as alice, server.client(keys["bob"]) as bob:
         stuck = run(alice, f"nudge:{nudge} alice's task")
         conversation, task = stuck["conversation_id"], stuck["task_id"]
+        entry = alice.post("/api/profile/entries",
+                           json={"field": "goals", "value": "alice's own goal"}).json()
         before = rows(db, "SELECT COUNT(*) FROM conversation_messages")
-        calls = _isolation_calls(conversation, task)
+        calls = _isolation_calls(conversation, task, entry["entry_id"])
         document = server.client().get("/openapi.json").json()
         routes = {(method, path) for path, item in document["paths"].items()
                   for method in item if path.startswith("/api/")}
@@ -210,10 +213,13 @@ def test_every_route_keeps_users_apart(service):
         assert bob.get("/api/profile").json()["user_id"] == "bob"
         assert rows(db, "SELECT COUNT(*) FROM conversation_messages") == before
         # bob forgetting himself leaves alice whole
-        assert bob.delete("/api/profile").json() == {"user_id": "bob", "forgotten": True}
+        forgotten = bob.delete("/api/profile").json()
+        assert (forgotten["user_id"], forgotten["forgotten"]) == ("bob", True)
         assert alice.get(f"/api/tasks/{task}").status_code == 200
         assert rows(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'bob'") == [(0,)]
         assert rows(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") != [(0,)]
+        assert rows(db, "SELECT superseded_at FROM profile_entries WHERE entry_id = ?",
+                    entry["entry_id"]) == [(None,)]
         untouched = {(m, p) for m, p in routes} - {("delete", "/api/profile")}
         assert untouched  # every other route was called above or in the listing checks
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -66,13 +68,18 @@ def count(db, sql):
         connection.close()
 
 
-def test_chat_steps_profile_and_forget(browser_page):
-    page, key, db, root = browser_page
+def sign_in_and_ask(page, key, query):
+    """Use the key, send ``query`` and see the echo model answer it."""
     page.fill("#key", key)
     page.click("#save-key")
-    page.fill("#query", "hello page")
+    page.fill("#query", query)
     page.click("#send")
-    expect(page.locator(".msg.assistant").last).to_have_text("echo: hello page")
+    expect(page.locator(".msg.assistant").last).to_have_text(f"echo: {query}")
+
+
+def test_chat_steps_profile_and_forget(browser_page):
+    page, key, db, root = browser_page
+    sign_in_and_ask(page, key, "hello page")
     # the steps of a run show as they happen: the tool call and its result
     page.fill("#query", "tool look around")
     page.click("#send")
@@ -106,15 +113,60 @@ def test_chat_steps_profile_and_forget(browser_page):
     expect(page.locator(".msg.assistant")).to_have_count(answers + 1)
     expect(page.locator(".msg.assistant").last).to_contain_text("the tool said")
     assert (root / "approved.txt").read_text() == "written"
-    # the profile, then forgetting it all
+    # the profile, then forgetting it all (the page shows what was erased)
     page.click("#show-profile")
-    expect(page.locator("#profile")).to_contain_text('"user_id": "alice"')
+    expect(page.locator("#entries li").first).to_contain_text("communication_style: brief")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#forget")
-    expect(page.locator("#profile")).to_have_text("forgotten")
+    expect(page.locator("#profile")).to_contain_text("forgotten: profiles 1, entries 1")
+    expect(page.locator("#entries li")).to_have_count(0)
     assert count(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") == 0
     assert count(db, "SELECT COUNT(*) FROM user_profiles WHERE user_id = 'alice'") == 0
     assert not root.exists()  # her tools' directory went with the rest
+
+
+def test_each_profile_entry_has_why_edit_and_remove(browser_page):
+    page, key, db, root = browser_page
+    sign_in_and_ask(page, key, "hello <b>profile</b>")
+    entries = page.locator("#entries li")
+    for _ in range(100):  # learned in the background
+        page.click("#show-profile")
+        if entries.count():
+            break
+        page.wait_for_timeout(100)
+    learned = entries.filter(has_text="communication_style: brief answers")
+    expect(learned).to_contain_text("(learned ")
+    # why? shows the message it was learned from, as text
+    learned.locator("button.why-button").click()
+    expect(learned.locator(".why")).to_contain_text("user: \u201chello <b>profile</b>\u201d")
+    expect(learned.locator(".why")).to_contain_text("scripted")
+    assert page.locator(".why b").count() == 0
+    # edit: the user's value replaces it, and is marked as theirs
+    page.once("dialog", lambda dialog: dialog.accept("terse answers"))
+    learned.locator("button.edit-button").click()
+    mine = entries.filter(has_text="communication_style: terse answers")
+    expect(mine).to_contain_text("(yours)")
+    # add one, then remove it
+    page.select_option("#entry-field", "preferences")
+    page.fill("#entry-key", "editor")
+    page.fill("#entry-value", "helix")
+    page.click("#add")
+    helix = entries.filter(has_text="preferences.editor: helix")
+    expect(helix).to_contain_text("(yours)")
+    page.once("dialog", lambda dialog: dialog.accept())
+    helix.locator("button.remove-button").click()
+    expect(helix).to_have_count(0)
+    assert count(db, "SELECT COUNT(*) FROM profile_entries WHERE user_id = 'alice' AND "
+                     "value = 'helix' AND reason = 'removed'") == 1
+    assert count(db, "SELECT COUNT(*) FROM profile_entries WHERE user_id = 'alice' AND "
+                     "value = 'terse answers' AND origin = 'user' AND superseded_at IS NULL") == 1
+    page.click("#show-history")
+    expect(page.locator("#profile")).to_contain_text("communication_style: brief answers  (changed)")
+    expect(page.locator("#profile")).to_contain_text("preferences.editor: helix  (removed)")
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = json.loads(Path(download.value.path()).read_text())
+    assert exported["format"] == "cogency.user/1" and exported["user_id"] == "alice"
 
 
 def test_a_wrong_key_is_said_plainly(browser_page):

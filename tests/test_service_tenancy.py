@@ -5,6 +5,7 @@ a run produced (an id, a model's text) turns its answer into a 500."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from urllib.parse import unquote
@@ -66,9 +67,15 @@ def test_each_users_tools_work_in_their_own_directory(served):
             ask(client, "write mine.txt")
     assert user_directory(root, "a/b") != user_directory(root, "a_b")
     assert all((user_directory(root, user) / "mine.txt").exists() for user in ("a/b", "a_b"))
-    # forgetting alice deletes her directory; bob's stays
+    # forgetting alice deletes her directory, and the receipt says so; bob's stays
+    held = sum(len(dirs) + len(files) for _, dirs, files in os.walk(mine))
+    assert held >= 1  # secret.txt
     with server.client(keys["alice"]) as alice:
-        assert alice.delete("/api/profile").status_code == 200
+        forgotten = alice.delete("/api/profile")
+        assert forgotten.status_code == 200
+        receipt = forgotten.json()
+    assert (receipt["tool_directory"], receipt["tool_files"]) == (str(mine), held)
+    assert receipt["erased"]["conversations"] >= 2
     assert not mine.exists() and user_directory(root, "bob").exists()
     assert rows(db, "SELECT COUNT(*) FROM conversations WHERE user_id = 'alice'") == [(0,)]
 

@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 from cogency import Agent, Memory, tool  # noqa: E402
 from cogency.errors import AuthenticationError, RateLimitError  # noqa: E402
 from cogency.memory.memory import interaction_of  # noqa: E402
+from cogency.storage import SQLiteStore  # noqa: E402
 from cogency.testing import ScriptedLLM  # noqa: E402
 
 QUERY = "What is the weather in Paris? marker-q-3f9a"
@@ -338,47 +339,90 @@ async def test_learning_is_a_new_trace_linked_to_the_run_even_from_stored_json(
             chat.attributes["gen_ai.usage.input_tokens"] > 0
         assert chat.attributes["gen_ai.request.stream"] is False
 
-    # What is kept to learn later carries the link as JSON; learning from it in a fresh
-    # context (another process, later) links to the same run.
-    kept: list[dict] = []
+    # Learned later, in another process: the task queued at completion keeps the run's link
+    # as JSON in the store, and learning it there (a fresh Memory on its own store, later,
+    # after this process gave up) links to that run.
+    gate = asyncio.Event()
+
+    async def stuck(messages):
+        await gate.wait()  # never answers: this process ends before it learns
+
     spans.clear()
     async with Agent(llm=ScriptedLLM([step(response="ok")]), store=str(db_path),
-                     memory=Memory(llm=ScriptedLLM([]))) as agent:
-        agent.memory.learn_later = lambda user, interaction, **_: kept.append(  # type: ignore
-            json.loads(json.dumps(interaction)))
+                     memory=Memory(llm=ScriptedLLM([stuck]), settle_timeout=0)) as agent:
         result = await agent.run("remember me", user_id="erin")
     [run] = named(spans.get_finished_spans(), "invoke_agent cogency")
-    [interaction] = kept
-    assert set(interaction["trace"]) == {"traceparent"}
-    assert interaction["trace"]["traceparent"] == (
+    [(tasks,)] = db.execute("SELECT tasks FROM learning_queue WHERE user_id = 'erin'")
+    [queued] = json.loads(tasks)
+    assert queued["task_id"] == result.task_id and set(queued["trace"]) == {"traceparent"}
+    assert queued["trace"]["traceparent"] == (
         f"00-{run.context.trace_id:032x}-{run.context.span_id:016x}-"
         f"{run.context.trace_flags:02x}")
 
-    async def later(interaction):
-        memory = Memory(store=agent.store, llm=ScriptedLLM([LEARNED]))
+    async def later():
+        store = SQLiteStore(db_path)
+        memory = Memory(store=store, llm=ScriptedLLM([LEARNED, CONSOLIDATED]))
         try:
-            await memory.learn("erin", interaction)
+            assert await memory.catch_up() == 1
+            assert await memory.settle()
         finally:
             await memory.close()
+            await store.close()
 
-    async with Agent(llm=ScriptedLLM([]), store=str(db_path)) as agent:
+    spans.clear()
+    await asyncio.create_task(later())
+    [memory] = named(spans.get_finished_spans(), "upsert_memory")
+    assert [(link.context.trace_id, link.context.span_id) for link in memory.links] == [
+        (run.context.trace_id, run.context.span_id)]
+    assert memory.attributes["cogency.task.id"] == result.task_id
+    assert db.execute("SELECT COUNT(*) FROM learning_queue").fetchone() == (0,)
+    # A stored value is not trusted: anything but a valid traceparent links nowhere.
+    for hostile in ({"traceparent": "00-" + "0" * 32 + "-" + "1" * 16 + "-01"},
+                    {"traceparent": "x" * 100_000}, {"traceparent": 7}, "00-abc", None):
+        stamp = "2000-01-01T00:00:00+00:00"
+        db.execute("INSERT INTO learning_queue (user_id, tasks, next_attempt_at, created_at, "
+                   "updated_at) VALUES ('erin', ?, ?, ?, ?)",
+                   (json.dumps([{**queued, "trace": hostile}]), stamp, stamp, stamp))
+        db.commit()
         spans.clear()
-        await asyncio.create_task(later(interaction))
+        await later()
         [memory] = named(spans.get_finished_spans(), "upsert_memory")
-        assert [(link.context.trace_id, link.context.span_id) for link in memory.links] == [
-            (run.context.trace_id, run.context.span_id)]
-        # A stored value is not trusted: anything but a valid traceparent links nowhere.
-        for hostile in ({"traceparent": "00-" + "0" * 32 + "-" + "1" * 16 + "-01"},
-                        {"traceparent": "x" * 100_000}, {"traceparent": 7}, "00-abc", None):
-            spans.clear()
-            await later({**interaction, "trace": hostile})
-            [memory] = named(spans.get_finished_spans(), "upsert_memory")
-            assert memory.links == ()
+        assert memory.links == ()
+
+
+async def test_tasks_learned_together_link_to_each_of_their_runs(spans, db_path):
+    gate = asyncio.Event()
+
+    async def stuck(messages):
+        await gate.wait()  # this process ends before it learns: both tasks stay queued
+
+    async with Agent(llm=ScriptedLLM([step(response="a"), step(response="b")]),
+                     store=str(db_path),
+                     memory=Memory(llm=ScriptedLLM([stuck]), settle_timeout=0)) as agent:
+        await agent.run("I like tea", user_id="fay")
+        await agent.run("I like maps", user_id="fay")
+    runs = named(spans.get_finished_spans(), "invoke_agent cogency")
+    assert len(runs) == 2
+    spans.clear()
+    store = SQLiteStore(db_path)
+    memory = Memory(store=store, llm=ScriptedLLM([LEARNED, CONSOLIDATED]))
+    try:
+        assert await memory.catch_up() == 1 and await memory.settle()
+    finally:
+        await memory.close()
+        await store.close()
+    [learned] = named(spans.get_finished_spans(), "upsert_memory")
+    assert sorted((link.context.trace_id, link.context.span_id) for link in learned.links) \
+        == sorted((run.context.trace_id, run.context.span_id) for run in runs)
+    assert "cogency.task.id" not in learned.attributes  # two tasks: the links name the runs
 
 
 def test_interaction_of_adds_nothing_when_nothing_is_traced():
     class State:  # the fields interaction_of reads
         task_id, query = "t", "q"
+
+        class conversation:  # noqa: N801
+            conversation_id = "c"
 
         class execution:  # noqa: N801
             messages, response, stop_reason = [], "r", "completed"

@@ -104,8 +104,13 @@ async def test_forgetting_a_user_deletes_their_directory(tmp_path):
         alice = user_directory(root, "alice")
         os.symlink(outside, alice / "link")  # never followed by the deletion
         assert (alice / "notes" / "a.txt").exists()
-        await agent.forget("alice")
+        receipt = await agent.forget("alice")
         assert not alice.exists()
+        # the receipt says it: the directory, and what it held (notes/, a.txt, the link)
+        assert (receipt.tool_directory, receipt.tool_files) == (str(alice), 3)
+        assert receipt.conversations == 1 and receipt.messages >= 2
+        again = await agent.forget("alice")
+        assert (again.tool_directory, again.tool_files, again.conversations) == (None, 0, 0)
         assert (outside / "keep.txt").read_text() == "keep"
         assert await agent.store.list_conversations("alice") == []
         # the next run makes it again
@@ -131,6 +136,23 @@ async def test_cogency_profile_forget_deletes_the_served_users_directory(tmp_pat
          "--root", str(root), "--db", db],
         capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert f"1 conversation (2 messages) and 0 unfinished tasks and their tools' directory " \
-        f"{alice} deleted" in done.stdout
+    # what was erased: the rows, then the directory with what it held
+    assert "forgot 'alice': 1 profile, 0 profile entries, 0 history entries, 1 conversation, " \
+        "2 messages, 0 unfinished tasks" in done.stdout
+    assert f"their tools' directory {alice} (1 file) deleted; learning" in done.stdout
     assert not alice.exists() and bob.exists()
+    # nothing left: nothing to forget; a directory alone (no database) goes too
+    done = subprocess.run(
+        [sys.executable, "-m", "cogency.cli", "profile", "forget", "alice", "--yes",
+         "--root", str(root), "--db", db],
+        capture_output=True, text=True, env=env, timeout=60)
+    assert "nothing to forget" in done.stdout
+    (bob / "a.txt").write_text("b")
+    done = subprocess.run(  # the default database, which does not exist
+        [sys.executable, "-m", "cogency.cli", "profile", "forget", "bob", "--yes",
+         "--root", str(root)],
+        capture_output=True, text=True, env={**env, "COGENCY_DB": str(tmp_path / "none.db")},
+        timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"forgot 'bob': their tools' directory {bob} (1 file) deleted" in done.stdout
+    assert not bob.exists() and not (tmp_path / "none.db").exists()

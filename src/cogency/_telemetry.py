@@ -10,7 +10,7 @@ chooses its exporter); nothing here is configured apart from them.
 Names follow the OpenTelemetry GenAI semantic conventions (development status): spans
 ``invoke_agent {agent}`` per run or resume, ``chat {model}`` per model call, ``execute_tool
 {tool}`` per tool call (MCP ones too, with the MCP attributes), ``upsert_memory`` and
-``update_memory`` per learning extraction and consolidation (new traces, *linked* to the run
+``update_memory`` per learning extraction and consolidation (new traces, *linked* to the runs
 they learned from, in whatever process they run). Store round trips are events
 (``cogency.store``) on the span they happen in. FastAPI traces ``cogency serve``'s requests
 itself; a run is inside the span of the request that started it. Metrics:
@@ -794,14 +794,15 @@ def parse_link(value: Any) -> Any:
     return _api.Link(span_context) if span_context.is_valid else None
 
 
-_LEARNING: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
-    "cogency_learning", default=None)
+_LEARNING: contextvars.ContextVar[Sequence[Mapping[str, Any]]] = contextvars.ContextVar(
+    "cogency_learning", default=())
 
 
 @contextmanager
-def learning(interaction: Mapping[str, Any]) -> Iterator[None]:
-    """Learning from ``interaction`` (what :func:`trace_field` marked) happens within."""
-    token = _LEARNING.set(interaction)
+def learning(interactions: Sequence[Mapping[str, Any]]) -> Iterator[None]:
+    """Learning from ``interactions`` (learned together; each marked by :func:`trace_field`,
+    or queued with its run's :func:`trace_link`) happens within: its spans link to each run."""
+    token = _LEARNING.set(tuple(interactions))
     run = _RUN.set(None)  # learning started by a run is not part of it (it is linked)
     try:
         yield
@@ -822,19 +823,20 @@ def learning_pending(task: asyncio.Task[Any] | None) -> None:
 async def learn(llm: Any, messages: list[dict[str, Any]], schema: dict[str, Any] | None,
                 phase: str) -> Any:
     """One learning model call (``phase``: ``extraction`` or ``consolidation``): a memory span,
-    a new trace linked to the run learned from, around the ``chat`` span of the call."""
+    a new trace linked to the runs learned from, around the ``chat`` span of the call."""
     if not _active():
         return await llm.generate(messages, schema=schema)
     operation = _MEMORY_OPERATIONS[phase]
-    interaction = _LEARNING.get() or {}
-    link = parse_link(interaction.get("trace"))
+    interactions = _LEARNING.get()
+    links = [link for item in interactions if (link := parse_link(item.get("trace")))]
     attributes: dict[str, Any] = {OPERATION: operation, MEMORY_PHASE: phase}
-    if isinstance(interaction.get("task_id"), str):
-        attributes[TASK_ID] = interaction["task_id"]
+    tasks = [item["task_id"] for item in interactions if isinstance(item.get("task_id"), str)]
+    if len(tasks) == 1:
+        attributes[TASK_ID] = tasks[0]
     options: dict[str, Any] = {}
-    if link is not None:
-        # A trace of its own (the run may have ended long ago, in another process), linked.
-        options = {"context": _api.context.Context(), "links": [link]}
+    if links:
+        # A trace of its own (the runs may have ended long ago, in another process), linked.
+        options = {"context": _api.context.Context(), "links": links}
     span = _span(operation, "INTERNAL", attributes, **options)
     began = _now()
     labels: dict[str, Any] = {OPERATION: operation}

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -39,16 +40,16 @@ from .events import (
 )
 from .llm.base import LLM, Usage, retries_reported_to
 from .llm.resolve import resolve_llm
-from .memory.memory import Memory, interaction_of
+from .memory.memory import Memory
 from .reason import Step, reason
 from .state.execution import Execution
 from .state.state import DEFAULT_HISTORY_TOKENS, State, add_message, autosave, check_id
 from .storage import open_store
-from .storage.base import Store, new_runner
+from .storage.base import ForgetReceipt, Store, new_runner
 from .tokens import count_tokens
 from .state.workspace import Workspace
 from .tools.base import Tool, Toolset, hide_store_files
-from .tools.rooms import Rooms
+from .tools.rooms import Rooms, remove_user_directories
 
 _log = logging.getLogger(__name__)
 STOP_REASONS = (
@@ -330,17 +331,15 @@ class Agent:
         check_id(user_id, "user_id")
         return await self.store.force_release(task_id, user_id)
 
-    async def forget(self, user_id: str) -> None:
-        """Erase everything stored about ``user_id`` (as ``Memory.forget``: profile,
-        conversations, messages, tasks; learning in flight is never stored) and, with
-        ``root_per_user``, the user's tool directories with all they hold."""
-        check_id(user_id, "user_id")
-        if self.memory is not None:
-            await self.memory.forget(user_id)
-        else:
-            await self.store.forget_user(user_id)
+    async def forget(self, user_id: str) -> ForgetReceipt:
+        """Erase everything stored about ``user_id`` (as ``Memory.forget``: profile with its
+        history, conversations, messages, tasks, queued learning; learning in flight is never
+        stored) and, with ``root_per_user``, the user's tool directories with all they hold.
+        Returns the receipt: what was erased, per kind, and the tool directory removed."""
         if self.rooms is not None:
-            await asyncio.to_thread(self.rooms.remove, user_id)
+            self.rooms.forget(user_id)
+        return await forget_user(self.store, user_id, memory=self.memory,
+                                 roots=self.rooms.roots if self.rooms is not None else ())
 
     async def close(self) -> None:
         """Stop the runs still in flight (each saves its task and releases it, as a
@@ -454,12 +453,8 @@ class Agent:
                     await save()
                 if await settle_decided(state, tools, approvals, self.approve, emit, answers):
                     await save()
-            memory, generation = "", 0
+            memory = ""
             if self.memory is not None:
-                # Read before anything of this run is learnable: a forget from here on (any
-                # process) keeps this run's learning from being stored. One that came between
-                # opening the task and here erased its rows, so the run cannot complete.
-                generation = await self.memory.generation(state.user_id)
                 memory = await self.memory.activate(state.user_id)
             while True:
                 if ex.iteration >= ex.max_iterations:
@@ -569,9 +564,9 @@ class Agent:
             # Only once it is stored (or, keeping nothing, deleted): a caller that stops
             # reading here loses nothing.
             emit(Response(task, ex.response))
-        if self.memory is not None and ex.stop_reason == "completed" and request.keep:
+        if self.memory is not None:
             # In the background: the answer never waits for learning; close() settles it.
-            self.memory.learn_later(state.user_id, interaction_of(state), generation=generation)
+            self.memory.after_run(state.user_id, queued=self._learns(state))
         for call in waiting:  # after the save above: each can be decided as soon as it is seen
             emit(Approval(task, call["id"], call["name"], call["args"], call["decider"]))
         emit(End(task, ex.stop_reason or "error", ex.iteration, usage))
@@ -680,6 +675,14 @@ class Agent:
                 tools[item.name] = item
         return tools
 
+    def _learns(self, state: State) -> bool:
+        """Whether the task is learned from: memory is on (with a model able to learn), it
+        completed, and its client keeps it (a ``keep=False`` task teaches nothing). Then its
+        completion queues it for learning, in the same transaction."""
+        return (self.memory is not None and self.memory.learns
+                and state.execution.stop_reason == "completed"
+                and state.settings.get("client", {}).get("keep", True) is not False)
+
     async def _settle(
         self,
         state: State,
@@ -697,7 +700,8 @@ class Agent:
             await asyncio.wait([saving])  # if it failed, the save below retries it
         try:
             if write and state.execution.stop_reason in ("completed", "security"):
-                await state.complete_task()  # which lets the task go: nothing to release
+                # which lets the task go: nothing to release
+                await state.complete_task(learn=self._learns(state))
                 return
             if write:
                 await autosave(state)
@@ -761,6 +765,24 @@ class _EventStream:
             if not task.done():
                 task.cancel()
                 await asyncio.wait([task])
+
+
+async def forget_user(
+    store: Store, user_id: str, *, memory: Memory | None = None,
+    roots: Sequence[str | os.PathLike[str]] = (),
+) -> ForgetReceipt:
+    """Erase everything ``store`` holds about ``user_id`` (through ``memory`` when given, so
+    its learning in flight stops too), then the user's tool directories under ``roots``
+    (``root_per_user``; ``cogency serve --root``): the one way a user is forgotten
+    (:meth:`Agent.forget`, ``DELETE /api/profile``, ``cogency profile forget``). Returns the
+    receipt, its ``tool_directory`` and ``tool_files`` saying what went of the directories."""
+    check_id(user_id, "user_id")
+    receipt = await (memory.forget(user_id) if memory is not None
+                     else store.forget_user(user_id))
+    if roots:
+        receipt.tool_directory, receipt.tool_files = await asyncio.to_thread(
+            remove_user_directories, roots, user_id)
+    return receipt
 
 
 def _recorded_results(messages: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -9,7 +9,8 @@ works from the core install, with no extra dependency.
     cogency resume TASK_ID
     cogency approve TASK_ID [--deny CALL_ID ...]
     cogency mcp [--user U] [--llm L] [--db URL]   (an agent served over MCP on stdio)
-    cogency tasks [release TASK_ID --user U] | conversations [ID] | profile show|forget [USER]
+    cogency tasks [release TASK_ID --user U] | conversations [ID]
+    cogency profile show|history|set|remove|export|import|forget ...
     cogency serve [--db URL] [--llm L] [--port P] | keys create|list|revoke  (server/commands.py)
 
 A tool call that needs approval (file writes, shell) is asked about on the terminal
@@ -218,17 +219,48 @@ def _add_conversations(commands: Commands) -> None:
     conversations.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
+PROFILE_ACTIONS = ("show", "history", "set", "remove", "export", "import", "forget")
+
+
 def _add_profile(commands: Commands) -> None:
     profile = commands.add(
-        "profile", "show or forget what is known of a user", _profile, "user",
-        description="show: print what was learned about a user (read-only).\n"
-                    "forget: erase the user's profile, conversations, messages and tasks, "
-                    "and the directory their tools had under `cogency serve --root` (asks "
-                    "first; --yes skips the question).",
+        "profile", "show, correct, export or forget what is known of a user", _profile, "user",
+        description="What is known of a user, and where it came from.\n\n"
+                    "  cogency profile show [USER] [--why]     the profile (--why: each entry "
+                    "with the messages it was learned from)\n"
+                    "  cogency profile history [USER]          entries replaced or dropped, and "
+                    "why\n"
+                    "  cogency profile set FIELD[.KEY] VALUE   add or change an entry as the user "
+                    "(it wins over learning),\n"
+                    "                                          e.g. set preferences.language Rust"
+                    ", set goals 'ship v2'\n"
+                    "  cogency profile remove ENTRY_ID         take an entry out (it stays in the "
+                    "history)\n"
+                    "  cogency profile export [USER] [-o FILE] everything stored about the user, "
+                    "as one JSON document\n"
+                    "  cogency profile import FILE             restore an export into a store "
+                    "holding nothing of that user\n"
+                    "  cogency profile forget [USER]           erase it all, and the directory "
+                    "their tools had under\n"
+                    "                                          `cogency serve --root` (asks first;"
+                    " --yes does not), and\n"
+                    "                                          print what was erased\n\n"
+                    "show, history and export only read. set, remove and import act as --user "
+                    "(import: the export's user unless --user is given).",
     )
-    profile.add_argument("action", choices=["show", "forget"], help="show or forget")
-    profile.add_argument("user_id", nargs="?", metavar="USER",
-                         help="the user (default: --user, i.e. 'default')")
+    profile.add_argument("action", choices=PROFILE_ACTIONS, metavar="ACTION",
+                         help=", ".join(PROFILE_ACTIONS))
+    profile.add_argument("operands", nargs="*", metavar="ARG",
+                         help="the user (show, history, export, forget), FIELD[.KEY] VALUE "
+                              "(set), ENTRY_ID (remove), FILE (import)")
+    profile.add_argument("--why", action="store_true",
+                         help="show: each entry with its sources (the quoted messages, dates)")
+    profile.add_argument("--json", action="store_true",
+                         help="show --why, history: one JSON object per line")
+    profile.add_argument("--replaces", metavar="ENTRY_ID",
+                         help="set: the entry this one replaces (e.g. to correct a goal)")
+    profile.add_argument("--output", "-o", metavar="FILE",
+                         help="export: write the document to FILE instead of standard output")
     profile.add_argument("--yes", "-y", action="store_true",
                          help="forget without asking for confirmation")
     profile.add_argument("--root", metavar="DIR",
@@ -361,7 +393,7 @@ async def _run(args: argparse.Namespace, progress: dict[str, Any]) -> int:
                     settings["mcp"] = mcp
                 events = agent.stream(query, args.user, args.conversation, settings=settings)
             code = await _show(events, args, progress, ask)
-            if agent.memory is not None and agent.memory.pending:  # close() waits for it
+            if agent.memory is not None and agent.memory.learning(args.user):  # close() waits
                 print(f"learning about {visible(args.user, keep='')!r} from this task… "
                       "(--no-memory skips this)", file=sys.stderr, flush=True)
         return code
@@ -592,29 +624,47 @@ async def _show_conversation(store: Any, conversation_id: str, args: argparse.Na
 
 
 async def _profile(args: argparse.Namespace, progress: dict[str, Any]) -> int:
+    from .errors import UsageError
     from .state.state import check_id
-    from .tools.rooms import remove_user_directory, user_directory
+    from .tools.rooms import remove_user_directories, user_directory
 
-    user = args.user_id or args.user
+    action, operands = args.action, list(args.operands)
+    takes = {"show": 1, "history": 1, "export": 1, "forget": 1, "remove": 1, "import": 1,
+             "set": 2}[action]
+    if len(operands) > takes or (action in ("set", "remove", "import") and len(operands) < takes):
+        usage = {"set": "cogency profile set FIELD[.KEY] VALUE [--user U]",
+                 "remove": "cogency profile remove ENTRY_ID [--user U]",
+                 "import": "cogency profile import FILE [--user U]"}
+        raise UsageError(f"usage: {usage.get(action, f'cogency profile {action} [USER]')}")
+    if action in ("set", "remove", "import"):
+        return await _profile_change(args, action, operands)
+    user = operands[0] if operands else args.user
     check_id(user, "user")
     shown = repr(visible(user, keep=""))
     folder = user_directory(Path(args.root or "."), user)  # from `cogency serve --root`
     has_folder = args.action == "forget" and os.path.lexists(folder)
     store = _read_store(args)
+    if store is None and not has_folder:
+        print(f"nothing is stored about {shown}"
+              + ("; nothing to forget" if action == "forget" else ""))
+        return EXIT_OK
+    from .memory import Memory
+
     profile, conversations, tasks = None, [], []
     if store is not None:
+        memory = Memory(store=store)
         try:
+            if action == "show":
+                return await _profile_show(memory, user, shown, args)
+            if action == "history":
+                return _profile_history(await memory.history(user), args)
+            if action == "export":
+                return _profile_export(await memory.export_user(user), args)
             profile = await store.load_profile(user)
             conversations = await store.list_conversations(user)
             tasks = await store.list_tasks(user)
         finally:
             await store.close()
-    if args.action == "show":
-        if profile is None:
-            print(f"nothing is stored about {shown}")
-            return EXIT_OK
-        _json_line(profile.to_dict(), indent=2)
-        return EXIT_OK
     stored = profile is not None or bool(conversations) or bool(tasks)
     if not stored and not has_folder:
         print(f"nothing is stored about {shown}; nothing to forget")
@@ -629,18 +679,190 @@ async def _profile(args: argparse.Namespace, progress: dict[str, Any]) -> int:
     if not args.yes and not _confirm(f"erase everything stored about {shown}: {what}?"):
         print("nothing was erased")
         return EXIT_ERROR
-    if stored:
-        from .memory import Memory
+    from .agent import forget_user
 
-        writable = _store(args)
-        try:
-            await Memory(store=writable).forget(user)
-        finally:
-            await writable.close()
-    if has_folder:
-        await asyncio.to_thread(remove_user_directory, folder.parent, user)
-    print(f"forgot {shown}: {what} deleted")
+    roots = [folder.parent] if has_folder else []
+    if store is None:  # no database: only the directory (opening one would create it)
+        directory, files = await asyncio.to_thread(remove_user_directories, roots, user)
+        print(f"forgot {shown}: {_removed_text(directory, files)}")
+        return EXIT_OK
+    writable = _store(args)
+    try:
+        receipt = await forget_user(writable, user, memory=Memory(store=writable), roots=roots)
+    finally:
+        await writable.close()
+    print(f"forgot {shown}: {_receipt_text(receipt.erased())}; "
+          f"{_removed_text(receipt.tool_directory, receipt.tool_files)}; learning that was in "
+          f"flight is fenced out (generation {receipt.generation})")
     return EXIT_OK
+
+
+_KINDS = {
+    "profiles": ("profile", "profiles"), "entries": ("profile entry", "profile entries"),
+    "history": ("history entry", "history entries"),
+    "conversations": ("conversation", "conversations"), "messages": ("message", "messages"),
+    "tasks": ("unfinished task", "unfinished tasks"), "approvals": ("approval", "approvals"),
+    "pending_learning": ("task queued for learning", "tasks queued for learning"),
+}
+
+
+def _removed_text(directory: str | None, files: int) -> str:
+    """What a forget removed of the user's tools' directory."""
+    if directory is None:
+        return "no tools' directory"
+    return f"their tools' directory {visible(directory)} ({_count(files, 'file')}) deleted"
+
+
+def _receipt_text(counts: dict[str, int]) -> str:
+    """``counts`` per kind (a forget's or an import's) as one line."""
+    return ", ".join(f"{counts.get(kind, 0)} {one if counts.get(kind, 0) == 1 else many}"
+                     for kind, (one, many) in _KINDS.items())
+
+
+async def _profile_show(memory: Any, user: str, shown: str, args: argparse.Namespace) -> int:
+    profile = await memory.profile(user)
+    status = await memory.status(user)
+    if profile is None and status is None:
+        print(f"nothing is stored about {shown}")
+        return EXIT_OK
+    if not args.why:
+        if profile is not None:
+            _json_line(profile.to_dict(), indent=2)
+        if status is not None:  # a note beside the JSON, never inside it
+            print(f"note: {_status_text(status)}", file=sys.stderr)
+        return EXIT_OK
+    explained = await memory.explain(user)
+    if args.json:
+        for item in explained:
+            _json_line(item)
+        if status is not None:
+            _json_line({"learning": status.to_dict()})
+        return EXIT_OK
+    style = _Style(sys.stdout)
+    noun = "entry" if len(explained) == 1 else "entries"
+    print(style.bold(f"{shown}: {len(explained)} {noun}"))
+    for item in explained:
+        print(_entry_line(item, style))
+        older = len(item["sources"]) - 3 + item["sources_omitted"]
+        if older > 0:
+            print(style.dim(f"    … {_count(older, 'older source')} (--json lists them)"))
+        for source in item["sources"][-3:]:
+            task = visible(str(source.get("task_id") or "?"), keep="")
+            print(style.dim(f"    {_day(source.get('at'))} task {task} "
+                            f"({visible(str(source.get('model') or 'unknown model'))})"))
+            for quote in source.get("quotes", []):
+                print(f"      {visible(quote['role'], keep='')}: "
+                      f"\u201c{visible(quote['content'], keep='')}\u201d")
+            if "quotes" in source and not source["quotes"]:
+                print(style.dim("      (its messages are no longer stored)"))
+    if status is not None:
+        print(style.yellow(f"learning: {_status_text(status)}"))
+    return EXIT_OK
+
+
+def _entry_line(item: dict[str, Any], style: _Style) -> str:
+    name = f"{item['field']}.{item['key']}" if item["key"] else item["field"]
+    if item["origin"] == "user":
+        how = f"yours, set {_day(item['created_at'])}"
+    else:
+        verb = "consolidated" if item["origin"] == "consolidated" else "learned"
+        how = (f"{verb} {_day(item['created_at'])} by {item.get('model') or 'a model'}, "
+               f"{_count(len(item['sources']) + item['sources_omitted'], 'source')}")
+    return (f"{style.bold(visible(name, keep=''))}: {visible(item['value'], keep='')}  "
+            + style.dim(f"[{visible(how, keep='')}]  id {item['entry_id']}"))
+
+
+def _status_text(status: Any) -> str:
+    text = (f"{_count(status.pending, 'finished task')} "
+            f"{'waits' if status.pending == 1 else 'wait'} to be learned")
+    if status.claimed:
+        text += " (being learned now)"
+    if status.attempts:
+        text += (f"; {_count(status.attempts, 'attempt')} failed, the last with "
+                 f"{visible(status.last_error or '?', keep='')}; next try at "
+                 f"{_iso(status.next_attempt_at)} or with the next task")
+    if status.dropped:
+        text += f"; {status.dropped} older ones were left out (too many waited)"
+    return text
+
+
+def _profile_history(entries: list[Any], args: argparse.Namespace) -> int:
+    from .memory.entries import REASONS
+
+    if args.json:
+        for entry in entries:
+            _json_line(entry.to_dict())
+        return EXIT_OK
+    if not entries:
+        print("no history: nothing was replaced or dropped")
+        return EXIT_OK
+    style = _Style(sys.stdout)
+    for entry in entries:
+        by = f" by {entry.superseded_by}" if entry.superseded_by else ""
+        print(f"{_iso(entry.superseded_at)}  {visible(entry.label(), keep='')}  "
+              + style.dim(f"({entry.reason}{by}: {REASONS.get(entry.reason or '', '')}; "
+                          f"{entry.origin} {_day(entry.created_at.isoformat())})"))
+    return EXIT_OK
+
+
+def _profile_export(document: dict[str, Any], args: argparse.Namespace) -> int:
+    text = json.dumps(document, ensure_ascii=False, indent=1)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(json_text(document, indent=1), flush=True)
+    return EXIT_OK
+
+
+async def _profile_change(args: argparse.Namespace, action: str, operands: list[str]) -> int:
+    from .errors import UsageError
+    from .memory import Memory
+    from .state.state import check_id
+
+    store = _store(args)
+    memory = Memory(store=store)
+    try:
+        if action == "import":
+            document = _read_document(operands[0])
+            user = args.user if args.user != "default" else None
+            stored = await memory.import_user(document, user_id=user)
+            print(f"imported {_receipt_text(stored)}")
+            return EXIT_OK
+        check_id(args.user, "--user")
+        if action == "remove":
+            entry = await memory.remove_entry(args.user, operands[0])
+            print(f"removed {visible(entry.label(), keep='')} (entry {entry.entry_id}); it "
+                  f"stays in the history: {command_hint(args, 'profile', 'history')}")
+            return EXIT_OK
+        name, _, key = operands[0].partition(".")
+        if not key and "." in operands[0]:
+            raise UsageError("give FIELD.KEY with a key after the dot, e.g. preferences.language")
+        entry = await memory.set_entry(args.user, name, operands[1], key=key or None,
+                                       replaces=args.replaces)
+        print(f"set {visible(entry.label(), keep='')} (entry {entry.entry_id}); learning never "
+              "replaces it")
+        return EXIT_OK
+    finally:
+        await store.close()
+
+
+def _read_document(path: str) -> Any:
+    from .errors import UsageError
+
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{path!r} is not a JSON document (`cogency profile export` writes "
+                         f"one): {type(exc).__name__}") from exc
+
+
+def _day(value: Any) -> str:
+    return str(value or "")[:10]
 
 
 def _confirm(question: str) -> bool:

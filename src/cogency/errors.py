@@ -10,6 +10,7 @@
     │   ├── TaskRunningError    the task is being run by another runner
     │   │   └── LeaseLostError    this runner's hold on its task was taken over or released
     │   ├── ForgottenError      the user was forgotten after this learning began
+    │   ├── ClaimLostError      this process no longer holds the learning it claimed
     │   └── ConversationBusyError  the conversation has a run in flight (``cogency serve``)
     ├── StorageError          the database failed or holds something unusable
     │   ├── SchemaTooNewError   written by a newer Cogency
@@ -79,6 +80,11 @@ class ForgottenError(ConflictError):
             "before a forget is stored"
         )
         self.user_id = user_id
+
+
+class ClaimLostError(ConflictError):
+    """The learning this process claimed was taken over (its claim lapsed) or the user was
+    forgotten meanwhile: nothing of it is stored, and the holder of the claim learns it."""
 
 
 class ConversationBusyError(ConflictError):

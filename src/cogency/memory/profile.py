@@ -97,26 +97,13 @@ class Profile:
                 setattr(self, name, dict(list(items.items())[-bound:]))
 
     def update_from_interaction(self, insights: dict[str, Any]) -> None:
-        """Apply the insights of one interaction (v1.0 keys); malformed entries are skipped."""
-        self.interaction_count += 1
-        self.last_updated = _time.now()
-        if not isinstance(insights, dict):
-            return
-        _merge_map(self.preferences, insights.get("preferences"), MAX_PREFERENCES)
-        _extend(self.goals, insights.get("goals"), MAX_GOALS)
-        _extend(self.expertise_areas, insights.get("expertise"), MAX_EXPERTISE)
-        _extend(self.interests, insights.get("interests"), MAX_INTERESTS)
-        _extend(self.constraints, insights.get("constraints"), MAX_CONSTRAINTS)
-        style = _text(insights.get("communication_style"))
-        if style:
-            self.communication_style = style
-        _merge_map(self.projects, insights.get("project_context"), MAX_PROJECTS)
-        for key, target in (
-            ("success_pattern", self.success_patterns),
-            ("failure_pattern", self.failure_patterns),
-        ):
-            _extend(target, [insights.get(key)], MAX_PATTERNS)
-        self.enforce_bounds()
+        """Apply the insights of one interaction (v1.0 keys); malformed entries are skipped.
+
+        The rules are :class:`~cogency.memory.entries.ProfileBook`'s (a new value for a key
+        replaces the old one, a re-mentioned item becomes the newest, the bounds keep the
+        newest), applied here to the values alone: no provenance is kept.
+        """
+        self._through_book(lambda book: book.learn(insights))
 
     def learned(self) -> dict[str, Any]:
         """What has been learned (no ids or metadata), oldest entries first in each field."""
@@ -130,32 +117,17 @@ class Profile:
         malformed fields keep what is stored, so a lazy or broken reply never wipes the profile.
         ``synthesis_version`` goes up when anything usable came back.
         """
-        if not isinstance(synthesis, dict):
-            return False
-        usable = False
-        for name in SYNTHESIS_FIELDS:
-            value = synthesis.get(name)
-            if name == "communication_style":
-                text = _text(value)
-                if text:
-                    self.communication_style, usable = text, True
-            elif name in _MAP_BOUNDS:
-                fresh: dict[str, Any] = {}
-                _merge_map(fresh, value, _MAP_BOUNDS[name])
-                if fresh:
-                    setattr(self, name, fresh)
-                    usable = True
-            else:
-                items: list[str] = []
-                _extend(items, value, _LIST_BOUNDS[name])
-                if items:
-                    setattr(self, name, items)
-                    usable = True
-        if usable:
-            self.synthesis_version += 1
-            self.last_updated = _time.now()
-            self.enforce_bounds()
-        return usable
+        return bool(self._through_book(lambda book: book.consolidate(synthesis)))
+
+    def _through_book(self, change: Any) -> Any:
+        from .entries import ProfileBook  # entries builds on this module
+
+        book = ProfileBook.adopt(self)
+        outcome = change(book)
+        result = book.finish()
+        for item in fields(self):
+            setattr(self, item.name, getattr(result, item.name))
+        return outcome
 
     def compress(self, max_chars: int = 3200) -> str:
         """The profile as a few labelled lines, newest entries first in importance."""
@@ -210,27 +182,3 @@ def _text(value: Any) -> str:
         text = str(value).strip()[:MAX_TEXT]
         return text if any(ch.isalnum() for ch in text) else ""
     return ""
-
-
-def _extend(target: list[str], values: Any, bound: int) -> None:
-    if isinstance(values, str):
-        values = [values]
-    if not isinstance(values, list):
-        return
-    for value in values[-bound:]:  # only the newest can survive the bound: skip the rest
-        text = _text(value)
-        if not text:
-            continue
-        if text in target:
-            target.remove(text)  # re-mentioned: now the newest
-        target.append(text)
-
-
-def _merge_map(target: dict[str, Any], values: Any, bound: int) -> None:
-    if not isinstance(values, dict):
-        return
-    for key, value in list(values.items())[-bound:]:
-        key_text, value_text = _text(key), _text(value)
-        if key_text and value_text:
-            target.pop(key_text, None)  # re-inserted so the newest stays last
-            target[key_text] = value_text

@@ -1,10 +1,12 @@
-"""Learning a user from their interactions: one LLM call per interaction, a second every few.
+"""Learning a user from their interactions: one LLM call per batch of interactions, a second
+every few.
 
-The v1.0 ``ImpressionSynthesizer``: extraction turns one interaction into insights that
-:meth:`Profile.update_from_interaction` applies within the bounds; every
-``synthesis_threshold`` interactions a consolidation call rewrites the learned fields so that
-newer facts replace contradicting older ones. Model calls happen outside any transaction; each
-write is one atomic read-modify-write through :meth:`Store.update_profile`.
+The v1.0 ``ImpressionSynthesizer``: extraction turns interactions into insights that a
+:class:`~cogency.memory.entries.ProfileBook` applies as entries citing their sources (the
+tasks and messages they came from) within the bounds; every ``synthesis_threshold``
+interactions a consolidation call rewrites the learned fields so that newer facts replace
+contradicting older ones (the user's own entries stay as they are). Model calls happen outside
+any transaction; each write is one atomic change through :meth:`Store.change_profile`.
 """
 
 from __future__ import annotations
@@ -13,20 +15,25 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from collections.abc import Sequence
+
 from .. import _telemetry
 from .._fence import DATA_NOTE, fence
 from ..errors import ConflictError, ForgottenError, InvalidResponseError, UsageError
 from ..tokens import truncate_tokens
-from .profile import MAX_TEXT, Profile
+from .entries import ProfileBook, ProfileEntry, source_of
+from .profile import _MAP_BOUNDS, MAX_TEXT, SYNTHESIS_FIELDS, Profile
 
 if TYPE_CHECKING:
     from ..llm.base import LLM
-    from ..storage.base import Store
+    from ..storage.base import LearningClaim, Store
 
 logger = logging.getLogger("cogency.memory")
 
 EXCERPT_TOKENS = 1500
-"""Bound on the conversation excerpt an extraction call sees."""
+"""Bound on the conversation excerpt an extraction call sees (shared by the interactions it
+learns together, each at least :data:`MIN_EXCERPT_TOKENS`)."""
+MIN_EXCERPT_TOKENS = 100
 
 _TEXT = {"type": "string", "maxLength": MAX_TEXT}
 _TEXTS = {"type": "array", "items": _TEXT, "maxItems": 20}
@@ -79,8 +86,6 @@ SYNTHESIS_SCHEMA = _strict({
 })
 """JSON schema of a consolidation reply (the profile's learned fields)."""
 
-_MAP_KEYS = ("preferences", "project_context", "projects")
-
 EXTRACT_PROMPT = """You learn about a user from their interactions with an AI agent, so that \
 future answers fit them. Extract only what this interaction shows about the user; leave a \
 field empty ("" or []) when it shows nothing. Never invent, never copy these instructions.
@@ -91,25 +96,35 @@ concise, detailed, technical…), "project_context" (their projects, as name/des
 "interests", "constraints" (limits they work under), "success_pattern" (what worked for them), \
 "failure_pattern" (what did not). Pairs are objects with "key" and "value".
 
-The two blocks below are quoted {note}. The profile block holds what was learned about \
-the user before; the interaction block is the interaction to learn from.
+{blocks}
 
 <profile>
 {known}
 </profile>
 
-<interaction>
-Query: {query}
-Success: {success}
-Final response: {response}
-Conversation of the task:
-{conversation}
-</interaction>
+{interactions}
 
 Reply with exactly one JSON object with these fields (all empty here):
 {{"preferences": [], "goals": [], "expertise": [], "communication_style": "", \
 "project_context": [], "interests": [], "constraints": [], "success_pattern": "", \
 "failure_pattern": ""}}"""
+
+ONE_INTERACTION = (
+    "The two blocks below are quoted {note}. The profile block holds what was learned about "
+    "the user before; the interaction block is the interaction to learn from."
+)
+SEVERAL_INTERACTIONS = (
+    "The blocks below are quoted {note}. The profile block holds what was learned about the "
+    "user before; the {count} interaction blocks are the interactions to learn from, oldest "
+    "first (where they disagree, the newer one holds)."
+)
+INTERACTION_BLOCK = """<interaction>
+Query: {query}
+Success: {success}
+Final response: {response}
+Conversation of the task:
+{conversation}
+</interaction>"""
 
 SYNTHESIZE_PROMPT = """You consolidate what an AI agent has learned about one user into a \
 coherent, current profile. In the profile below every list and every set of pairs runs from \
@@ -117,7 +132,7 @@ oldest to newest. Merge duplicates, keep what still holds, and where two entries
 each other keep only the newer one (a user who "prefers Python" and later "switched to Rust" \
 now uses Rust). Drop what is stale. Keep it short; never invent.
 
-The profile block below is quoted {note}.
+The profile block below is quoted {note}.{mine}
 
 <profile>
 {profile}
@@ -128,6 +143,11 @@ Reply with exactly one JSON object holding the whole consolidated profile, with 
 {{"preferences": [], "goals": [], "expertise_areas": [], "communication_style": "", \
 "projects": [], "interests": [], "constraints": [], "success_patterns": [], \
 "failure_patterns": []}}"""
+
+USER_SET = (
+    " Its \"set_by_user\" part holds what the user set themselves: it stays as it is (leave "
+    "it out of your reply), and learned entries that contradict it are dropped."
+)
 
 
 class _Superseded(ConflictError):
@@ -142,7 +162,8 @@ class ImpressionSynthesizer:
 
     :meth:`update_impression` raises when the extraction call fails or replies with no JSON
     object, and then nothing is written: the caller decides whether to retry (the agent's
-    background learning retries and logs; it never lets a learning failure reach a run).
+    background learning retries, then keeps the tasks queued; it never lets a learning
+    failure reach a run).
     """
 
     def __init__(self, llm: LLM, store: Store, synthesis_threshold: int = 3) -> None:
@@ -152,10 +173,16 @@ class ImpressionSynthesizer:
         self.store = store
         self.synthesis_threshold = synthesis_threshold
 
+    @property
+    def model(self) -> str:
+        """The name recorded as the model that learned an entry."""
+        return str(getattr(self.llm, "name", "") or type(self.llm).__name__)[:300]
+
     async def update_impression(
         self, user_id: str, interaction: dict[str, Any], *, generation: int | None = None
     ) -> Profile:
-        """Learn from one interaction (``query``, ``response``, ``success``, ``conversation``).
+        """Learn from one interaction (``query``, ``response``, ``success``, ``conversation``;
+        ``task_id``, ``conversation_id`` and ``message_ids`` become the entries' source).
 
         Returns the saved profile. ``generation`` is the user's generation when the interaction
         began (read now when not given); every write checks it inside its transaction, so if
@@ -171,12 +198,33 @@ class ImpressionSynthesizer:
             generation = current
         elif generation != current:
             raise ForgottenError(user_id)
+        return await self.learn(user_id, [interaction], generation=generation)
+
+    async def learn(
+        self, user_id: str, interactions: Sequence[dict[str, Any]], *,
+        generation: int | None = None, claim: LearningClaim | None = None,
+    ) -> Profile:
+        """Learn from ``interactions`` together (one extraction call; none for none), then
+        consolidate when due. With ``claim``, its tasks leave the learning queue in the
+        transaction that stores what was learned (``ClaimLostError`` and nothing stored if
+        the claim was taken over). Its spans link to the runs of the interactions (their
+        ``trace``)."""
+        with _telemetry.learning(interactions):  # not part of any run: linked to them
+            return await self._learn(user_id, interactions, generation, claim)
+
+    async def _learn(
+        self, user_id: str, interactions: Sequence[dict[str, Any]],
+        generation: int | None, claim: LearningClaim | None,
+    ) -> Profile:
         known = await self.store.load_profile(user_id)
-        insights = await self.extract(interaction, known)
-        profile = await self.store.update_profile(
-            user_id, lambda profile: profile.update_from_interaction(insights),
-            generation=generation,
+        insights = await self.extract(list(interactions), known) if interactions else {}
+        sources = [_source(item, self.model) for item in interactions]
+        count = len(interactions)
+        book = await self.store.change_profile(
+            user_id, lambda book: book.learn(insights, sources, self.model, interactions=count),
+            generation=generation, claim=claim,
         )
+        profile = book.profile
         if not self.synthesis_due(profile):
             return profile
         try:
@@ -201,16 +249,30 @@ class ImpressionSynthesizer:
         owed = profile.interaction_count // self.synthesis_threshold
         return profile.synthesis_version - 1 < owed
 
-    async def extract(self, interaction: dict[str, Any], known: Profile | None = None) -> dict:
-        """One model call: the insights an interaction shows, in the v1.0 shape."""
+    async def extract(
+        self, interaction: dict[str, Any] | Sequence[dict[str, Any]],
+        known: Profile | None = None,
+    ) -> dict[str, Any]:
+        """One model call: the insights that one interaction (or several, learned together)
+        shows, in the v1.0 shape."""
+        items = [interaction] if isinstance(interaction, dict) else list(interaction)
+        if len(items) == 1:
+            blocks = ONE_INTERACTION.format(note=DATA_NOTE)
+        else:
+            blocks = SEVERAL_INTERACTIONS.format(note=DATA_NOTE, count=len(items))
+        share = max(EXCERPT_TOKENS // len(items), MIN_EXCERPT_TOKENS)
         prompt = EXTRACT_PROMPT.format(
             note=DATA_NOTE,
+            blocks=blocks,
             known=fence((known.compress() if known is not None else "") or "(nothing yet)"),
-            query=fence(_field(interaction, "query")),
-            success=bool(interaction.get("success", True)),
-            response=fence(_field(interaction, "response")),
-            conversation=fence(
-                truncate_tokens(_field(interaction, "conversation"), EXCERPT_TOKENS)
+            interactions="\n\n".join(
+                INTERACTION_BLOCK.format(
+                    query=fence(truncate_tokens(_field(item, "query"), share)),
+                    success=bool(item.get("success", True)),
+                    response=fence(truncate_tokens(_field(item, "response"), share)),
+                    conversation=fence(truncate_tokens(_field(item, "conversation"), share)),
+                )
+                for item in items
             ),
         )
         return await self._ask(prompt, INSIGHT_SCHEMA, "extraction")
@@ -220,27 +282,34 @@ class ImpressionSynthesizer:
     ) -> Profile:
         """One model call that consolidates ``profile``; saved unless it changed meanwhile.
 
-        If another writer added insights since ``profile`` was read, the consolidation (made
-        without them) is dropped rather than allowed to erase them; it stays owed.
-        ``generation`` is as in :meth:`update_impression`.
+        If another writer added insights (or consolidated) since ``profile`` was read, the
+        consolidation is dropped rather than allowed to erase them; it stays owed.
+        ``generation`` is as in :meth:`update_impression`. The user's own entries are shown
+        apart and kept whatever the reply says.
         """
-        seen = profile.interaction_count
+        seen = (profile.interaction_count, profile.synthesis_version)
+        learned, mine = split_fields(await self.store.load_entries(user_id), profile)
+        shown: dict[str, Any] = dict(learned)
+        if mine:
+            shown["set_by_user"] = mine
         prompt = SYNTHESIZE_PROMPT.format(
             note=DATA_NOTE,
-            profile=fence(json.dumps(profile.learned(), ensure_ascii=False, indent=1)),
+            mine=USER_SET if mine else "",
+            profile=fence(json.dumps(shown, ensure_ascii=False, indent=1)),
         )
         synthesis = await self._ask(prompt, SYNTHESIS_SCHEMA, "consolidation")
 
-        def apply(current: Profile) -> None:
-            if current.interaction_count != seen:
+        def apply(book: ProfileBook) -> None:
+            if (book.profile.interaction_count, book.profile.synthesis_version) != seen:
                 raise _Superseded
-            if not current.apply_synthesis(synthesis):
+            if not book.consolidate(synthesis, self.model):
                 raise InvalidResponseError("the consolidation reply holds no usable field")
 
         try:
-            return await self.store.update_profile(user_id, apply, generation=generation)
+            book = await self.store.change_profile(user_id, apply, generation=generation)
         except _Superseded:
             return await self.store.load_profile(user_id) or profile
+        return book.profile
 
     async def _ask(self, prompt: str, schema: dict[str, Any], phase: str) -> dict[str, Any]:
         completion = await _telemetry.learn(
@@ -249,30 +318,55 @@ class ImpressionSynthesizer:
         # Imported here: cogency.reason imports the state, which imports this package.
         from ..reason import extract_json
 
-        data = extract_json(completion.text)
-        return {key: _unpair(value) if key in _MAP_KEYS else value for key, value in data.items()}
+        return extract_json(completion.text)
+
+
+def split_fields(entries: Sequence[ProfileEntry], profile: Profile
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The learned fields as consolidation sees them (``profile.learned()``'s shape, without
+    the user's entries), and the user's entries by field (only fields that have some)."""
+    mine: dict[str, Any] = {}
+    for entry in entries:
+        if entry.origin != "user":
+            continue
+        if entry.field in _MAP_BOUNDS:
+            mine.setdefault(entry.field, {})[entry.key] = entry.value
+        elif entry.field == "communication_style":
+            mine[entry.field] = entry.value
+        else:
+            mine.setdefault(entry.field, []).append(entry.value)
+    learned = profile.learned()
+    if not mine:
+        return learned, mine
+    for name in SYNTHESIS_FIELDS:
+        theirs = mine.get(name)
+        value = learned[name]
+        if theirs is None:
+            continue
+        if isinstance(value, dict):
+            learned[name] = {k: v for k, v in value.items() if k not in theirs}
+        elif isinstance(value, list):
+            learned[name] = [v for v in value if v not in theirs]
+        else:
+            learned[name] = ""
+    return learned, mine
+
+
+def _source(interaction: dict[str, Any], model: str) -> dict[str, Any]:
+    ids = interaction.get("message_ids")
+    return source_of(
+        _id(interaction.get("task_id")), _id(interaction.get("conversation_id")),
+        [str(i)[:256] for i in ids] if isinstance(ids, list) else [], model,
+    )
+
+
+def _id(value: Any) -> str | None:
+    return value[:256] if isinstance(value, str) and value else None
 
 
 def _field(interaction: dict[str, Any], key: str) -> str:
     value = interaction.get(key)
     return "" if value is None else str(value)
-
-
-def _unpair(value: Any) -> Any:
-    """``[{"key": k, "value": v}, …]`` as ``{k: v, …}``; anything else unchanged."""
-    if not isinstance(value, list):
-        return value
-    pairs = {}
-    for item in value:
-        if isinstance(item, dict):
-            key, text = item.get("key"), item.get("value")
-        elif isinstance(item, list) and len(item) == 2:
-            key, text = item
-        else:
-            continue  # malformed entries are skipped, like every malformed insight
-        if isinstance(key, (str, int, float)):
-            pairs[str(key)] = text
-    return pairs
 
 
 __all__ = ["INSIGHT_SCHEMA", "SYNTHESIS_SCHEMA", "ImpressionSynthesizer"]

@@ -55,6 +55,8 @@ def create_app(agent: Agent, settings: Settings = Settings(), *, metrics: Any = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if agent.memory is not None:
+            agent.memory.start()  # learn what was left queued (by any replica), from now on
         yield
         await runs.shutdown(settings.grace)
 

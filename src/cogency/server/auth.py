@@ -14,8 +14,15 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
-from ..memory.profile import Profile
-from ..storage.base import ConversationRecord, Store, TaskRecord, turns_digest
+from ..memory import Memory, Profile, ProfileEntry
+from ..storage.base import (
+    ConversationRecord,
+    ForgetReceipt,
+    LearningStatus,
+    Store,
+    TaskRecord,
+    turns_digest,
+)
 from .errors import ServiceError, Unauthorized
 from .keys import authenticate
 from .runs import Once, Run, Runs
@@ -84,9 +91,37 @@ class Caller:
     async def profile(self) -> Profile | None:
         return await self._store.load_profile(self.user_id)
 
-    async def forget(self) -> None:
+    async def learning(self) -> LearningStatus | None:
+        return await self._memory().status(self.user_id)
+
+    async def explain(self) -> list[dict[str, Any]]:
+        return await self._memory().explain(self.user_id)
+
+    async def history(self) -> list[ProfileEntry]:
+        return await self._memory().history(self.user_id)
+
+    async def set_entry(self, field: str, value: str, key: str | None,
+                        replaces: str | None) -> ProfileEntry:
+        return await self._memory().set_entry(self.user_id, field, value, key=key,
+                                              replaces=replaces)
+
+    async def remove_entry(self, entry_id: str) -> ProfileEntry:
+        return await self._memory().remove_entry(self.user_id, entry_id)
+
+    async def export(self) -> dict[str, Any]:
+        return await self._memory().export_user(self.user_id)
+
+    async def import_(self, document: Any) -> dict[str, int]:
+        """Restore an export as this user, whoever the document names."""
+        return await self._memory().import_user(document, user_id=self.user_id)
+
+    async def forget(self) -> ForgetReceipt:
         """Everything of the user: what the store keeps, and their tools' directories."""
-        await self._runs.agent.forget(self.user_id)
+        return await self._runs.agent.forget(self.user_id)
+
+    def _memory(self) -> Memory:
+        # Reading and correcting the profile needs no model: the store's, as this user.
+        return Memory(store=self._store)
 
     def once(self, body: BaseModel) -> Once | None:
         """How this request starts at most one run: by its ``Idempotency-Key``, or (sent by

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -104,14 +104,88 @@ class MessageOut(BaseModel):
     created_at: str | None
 
 
+class LearningOut(BaseModel):
+    pending: int = Field(description="Finished tasks waiting to be learned from.")
+    dropped: int = Field(description="Older tasks left out: more waited than are kept.")
+    attempts: int = Field(description="Attempts that failed since learning last succeeded.")
+    last_error: str | None
+    next_attempt_at: str | None
+    claimed: bool = Field(description="Being learned now.")
+    since: str | None
+
+
 class ProfileOut(BaseModel):
     user_id: str
     profile: dict[str, Any] | None = Field(description="What is known of you; null if nothing.")
+    learning: LearningOut | None = Field(
+        None, description="What waits to be learned about you (or failed); null if nothing.")
+
+
+class Quote(BaseModel):
+    id: str | None
+    role: str | None
+    content: str
+    created_at: str | None
+
+
+class Source(BaseModel):
+    task_id: str | None
+    conversation_id: str | None
+    message_ids: list[str]
+    at: str | None
+    model: str | None
+    quotes: list[Quote] | None = Field(
+        None, description="The cited messages (the newest sources only); [] if no longer stored.")
+
+
+class EntryOut(BaseModel):
+    entry_id: str
+    field: str
+    key: str = Field(description="A preference's or project's name; empty elsewhere.")
+    value: str
+    origin: str = Field(description="learned, consolidated, or user (yours: learning never "
+                                    "replaces it)")
+    model: str | None
+    sources: list[Source]
+    sources_omitted: int
+    created_at: str
+    updated_at: str
+    superseded_at: str | None = Field(description="Set on history: no longer in the profile.")
+    superseded_by: str | None
+    reason: str | None
+
+
+class EntryIn(BaseModel):
+    field: str = Field(description="preferences, goals, expertise_areas, communication_style, "
+                                   "projects, interests, constraints, success_patterns or "
+                                   "failure_patterns")
+    value: str = Field(min_length=1, max_length=500)
+    key: str | None = Field(None, max_length=500,
+                            description="The name of a preference or project (required there).")
+    replaces: str | None = Field(None, max_length=64,
+                                 description="The id of a current entry this one replaces.")
+
+
+class Counts(BaseModel):
+    profiles: int
+    entries: int
+    history: int
+    conversations: int
+    messages: int
+    tasks: int
+    approvals: int
+    pending_learning: int
 
 
 class Forgotten(BaseModel):
     user_id: str
     forgotten: bool = True
+    generation: int = Field(description="Your generation now: learning that began before "
+                                        "this forget never stores anything.")
+    erased: Counts = Field(description="What was erased, per kind (the rows that were there).")
+    tool_directory: str | None = Field(
+        None, description="The directory your tools had on the server, deleted (null: none).")
+    tool_files: int = Field(0, description="Files and directories it held.")
 
 
 async def _answer(run: Run, stream: bool) -> RunResult | StreamingResponse:
@@ -196,14 +270,67 @@ async def list_messages(
 @router.get("/profile", response_model=ProfileOut, summary="What is known of you")
 async def show_profile(me: Caller = Depends(caller)) -> ProfileOut:
     profile = await me.profile()
-    return ProfileOut(user_id=me.user_id, profile=None if profile is None else profile.to_dict())
+    learning = await me.learning()
+    return ProfileOut(
+        user_id=me.user_id, profile=None if profile is None else profile.to_dict(),
+        learning=None if learning is None else LearningOut.model_validate(learning.to_dict()),
+    )
+
+
+@router.get("/profile/why", response_model=list[EntryOut],
+            summary="Each entry of your profile with where it was learned")
+async def explain_profile(me: Caller = Depends(caller)) -> list[dict[str, Any]]:
+    """Every current entry with its sources: the tasks and messages it was learned from, when
+    and by which model; the newest sources quote the messages."""
+    return await me.explain()
+
+
+@router.get("/profile/history", response_model=list[EntryOut],
+            summary="Entries replaced or dropped, most recent first")
+async def profile_history(me: Caller = Depends(caller)) -> list[dict[str, Any]]:
+    return [entry.to_dict() for entry in await me.history()]
+
+
+@router.post("/profile/entries", response_model=EntryOut, status_code=201,
+             summary="Add or change an entry of your profile")
+async def set_entry(body: EntryIn, me: Caller = Depends(caller)) -> dict[str, Any]:
+    """Your entry wins over learning: learning and consolidation never replace or drop it.
+    A preference or project with the same key (or `replaces`) becomes history."""
+    entry = await me.set_entry(body.field, body.value, body.key, body.replaces)
+    return entry.to_dict()
+
+
+@router.delete("/profile/entries/{entry_id}", response_model=EntryOut,
+               summary="Remove an entry of your profile (it stays in the history)")
+async def remove_entry(entry_id: str, me: Caller = Depends(caller)) -> dict[str, Any]:
+    return (await me.remove_entry(entry_id)).to_dict()
+
+
+@router.get("/profile/export", summary="Everything stored about you, as one JSON document")
+async def export_profile(me: Caller = Depends(caller)) -> dict[str, Any]:
+    """Profile, entries with their history, conversations with every message, unfinished
+    tasks with their approvals, queued learning (`cogency profile export`'s document)."""
+    return await me.export()
+
+
+@router.post("/profile/import", response_model=Counts, status_code=201,
+             summary="Restore an export of yourself")
+async def import_profile(
+    document: dict[str, Any] = Body(description="A document of GET /api/profile/export."),
+    me: Caller = Depends(caller),
+) -> dict[str, int]:
+    """Restores it as you (whoever it names), only when nothing of yours is stored (409
+    otherwise: forget first) and none of its ids exist; 400 for a malformed document."""
+    return await me.import_(document)
 
 
 @router.delete("/profile", response_model=Forgotten,
-               summary="Forget you: profile, conversations, messages and tasks")
+               summary="Forget you: profile, conversations, messages, tasks and tool files")
 async def forget_profile(me: Caller = Depends(caller)) -> Forgotten:
-    await me.forget()
-    return Forgotten(user_id=me.user_id)
+    """Returns what was erased, per kind, the directory your tools had (deleted with all it
+    held), and the generation that fences learning in flight."""
+    receipt = await me.forget()
+    return Forgotten.model_validate({"forgotten": True, **receipt.to_dict()})
 
 
 def _task(task: Any) -> TaskOut:

@@ -56,9 +56,10 @@ class Once:
 class Run:
     """One run: the events so far (as ``event.to_dict()``), then its result or failure."""
 
-    def __init__(self, key_id: str, conversation_id: str) -> None:
+    def __init__(self, key_id: str, conversation_id: str, user_id: str = "") -> None:
         self.key_id = key_id
         self.conversation_id = conversation_id
+        self.user_id = user_id
         self.task_id: str | None = None
         self.events: list[dict[str, Any]] = []
         self.result: dict[str, Any] | None = None
@@ -195,6 +196,8 @@ class Runs:
         self.max_per_key = max_per_key
         self.max_query = max_query
         self._per_key: Counter[str] = Counter()
+        self._learning: set[tuple[str, str]] = set()
+        """(key, user) pairs whose slot is held by the user's learning in flight."""
         self._live: set[Run] = set()
         self._keyed: dict[tuple[str, str], Run] = {}
         """Runs in flight here that a request with an idempotency key started."""
@@ -268,8 +271,8 @@ class Runs:
             )
         if self._per_key[key_id] >= self.max_per_key:
             raise TooManyRuns(
-                f"this key has {self._per_key[key_id]} runs in flight, the most this server "
-                "allows; wait for one to end"
+                f"this key has {self._per_key[key_id]} runs in flight (learning from finished "
+                "ones counts as one), the most this server allows; wait for one to end"
             )
         self._per_key[key_id] += 1  # taken before any await: concurrent requests see it
         claimed = False
@@ -367,7 +370,7 @@ class Runs:
         if runner is not None:
             assert conversation_id is not None
             await store.hold_conversation(conversation_id, user_id, runner)
-        run = Run(key_id, conversation_id or "")
+        run = Run(key_id, conversation_id or "", user_id)
         self._live.add(run)
         if once is not None:
             self._keyed[(user_id, once.key)] = run
@@ -404,7 +407,7 @@ class Runs:
                 self._live.discard(run)
                 if once is not None and self._keyed.get((user_id, once.key)) is run:
                     del self._keyed[(user_id, once.key)]
-                self._release_slot(run.key_id)
+                self._release_after_learning(run)
                 run.done = True
                 await run.publish(None)
 
@@ -430,6 +433,25 @@ class Runs:
         except Exception as exc:  # noqa: BLE001 - retries then hear "in progress" until expiry
             log.warning("could not record a run's outcome for its idempotency key: %s",
                         type(exc).__name__)
+
+    def _release_after_learning(self, run: Run) -> None:
+        """Free the run's slot, or, when it left its user's learning in flight, once that
+        ends: background learning counts in the per-key limit (one slot per key and user,
+        however many runs it learns from; a user's learning is one worker, its queue one
+        bounded row)."""
+        memory = self.agent.memory
+        learning = memory.learning(run.user_id) if memory is not None else None
+        pair = (run.key_id, run.user_id)
+        if learning is None or pair in self._learning:
+            self._release_slot(run.key_id)
+            return
+        self._learning.add(pair)
+
+        def done(_: object) -> None:
+            self._learning.discard(pair)
+            self._release_slot(run.key_id)
+
+        learning.add_done_callback(done)
 
     def _release_slot(self, key_id: str) -> None:
         self._per_key[key_id] -= 1

@@ -189,12 +189,15 @@ class State:
         state._saved_workspace = state.workspace.to_dict()
         return state
 
-    async def complete_task(self, profile: Profile | None = None) -> None:
+    async def complete_task(self, profile: Profile | None = None, *, learn: bool = False
+                            ) -> None:
         """Save what is unsaved (and ``profile`` if given) and delete the workspace row, atomically.
 
-        The conversation and its messages stay; the execution is discarded.
+        The conversation and its messages stay; the execution is discarded. ``learn`` queues
+        the task for learning in the same transaction (the agent does when memory is on), so
+        no crash can separate the answer from its learning.
         """
-        await _save(self, profile, complete=True)
+        await _save(self, profile, complete=True, learn=learn)
         self.completed = True
         if self._owns_store and self.store is not None:
             await self.store.close()
@@ -259,7 +262,8 @@ async def autosave(state: State, profile: Profile | None = None) -> None:
     await _save(state, profile, complete=False)
 
 
-async def _save(state: State, profile: Profile | None, *, complete: bool) -> None:
+async def _save(state: State, profile: Profile | None, *, complete: bool,
+                learn: bool = False) -> None:
     if state.store is None:
         raise UsageError("this state has no store; create it with State.start_task")
     workspace = state.workspace.to_dict()
@@ -281,6 +285,8 @@ async def _save(state: State, profile: Profile | None, *, complete: bool) -> Non
         save_id=state._save_id,
         approvals=approvals,
         settled=settled,
+        learn=learn,
+        trace=_telemetry.trace_link() if learn else None,  # learning's spans link to the run
     )
     state.version = await _telemetry.store("complete_task" if complete else "save", state.store,
                                            state.store.save(batch))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from ..errors import UsageError
-from .base import ConversationRecord, SaveBatch, Store, TaskRecord
+from .base import ConversationRecord, ForgetReceipt, SaveBatch, Store, TaskRecord
 from .sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ConversationRecord",
+    "ForgetReceipt",
     "PostgresStore",
     "SQLiteStore",
     "SaveBatch",

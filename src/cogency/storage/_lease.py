@@ -6,8 +6,9 @@ whose process ended. Every take (and every force release) bumps the row's epoch;
 carry the epochs it took and are refused once a row has moved on, so a run that lost its task
 or its conversation writes nothing more (:class:`~cogency.errors.LeaseLostError`).
 
-This module holds what the two stores say alike: when a lease is free, what a hold's loss is
-called, and the heartbeat that renews what a store holds (each store supplies the statement).
+This module holds what the two stores say alike: when a lease is free (:func:`lease_free`,
+from :mod:`.base`, which a learning claim uses too), what a hold's loss is called, and the
+heartbeat that renews what a store holds (each store supplies the statement).
 """
 
 from __future__ import annotations
@@ -15,18 +16,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from ..errors import LeaseLostError, StorageError, UsageError
 from .base import runner_alive
 
 LEASE_SECONDS = 30.0
 """How long a hold lasts unless renewed; the store renews what it holds every third of it."""
-
-
-def lease_free(holder: str | None, until: datetime | None, now: datetime) -> bool:
-    """Whether a row held by ``holder`` until ``until`` may be taken at ``now``."""
-    return not holder or until is None or until <= now or not runner_alive(holder)
 
 
 def process_of(runner: str) -> str:

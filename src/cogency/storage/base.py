@@ -14,12 +14,15 @@ from typing import Any, Protocol, runtime_checkable
 from .. import _time
 from .._json import dumps, loads
 from ..errors import (
+    ClaimLostError,
+    ConflictError,
     CorruptDataError,
     LeaseLostError,
     SchemaTooNewError,
     StorageError,
     TaskRunningError,
 )
+from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
 
 MIGRATION_NAMES = (
@@ -36,8 +39,64 @@ MIGRATION_NAMES = (
     "m011_conversation_turns",
     "m012_leases_as_rows",
     "m013_row_level_security",
+    "m014_profile_entries",
+    "m015_learning_queue",
 )
 """Ordered schema steps; every backend applies the same names in this order."""
+
+PROFILE_ENTRIES_TABLE = """
+CREATE TABLE profile_entries (
+    entry_id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL REFERENCES user_profiles(user_id) ON DELETE CASCADE,
+    field TEXT NOT NULL,                 -- the Profile field: goals, preferences, ...
+    entry_key TEXT NOT NULL DEFAULT '',  -- a preference's or project's name; '' elsewhere
+    value TEXT NOT NULL,
+    origin TEXT NOT NULL,                -- learned, consolidated, or user (set by the
+                                         -- user: learning never replaces or drops it)
+    model TEXT,                          -- the model that wrote the value (NULL: a person)
+    sources TEXT NOT NULL,               -- JSON list: {task_id, conversation_id,
+                                         -- message_ids, at, model} it was learned from
+    sources_omitted INTEGER NOT NULL DEFAULT 0,  -- sources past the kept ones
+    rank INTEGER NOT NULL,               -- order within its field: newest highest
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    superseded_at TEXT,                  -- NULL while current; then history, out of the
+                                         -- prompt, pruned after the retention time
+    superseded_by TEXT,                  -- the entry that replaced it (NULL: dropped)
+    reason TEXT                          -- why it is history (memory.entries.REASONS)
+);
+CREATE INDEX profile_entries_by_user ON profile_entries(user_id, superseded_at);
+CREATE INDEX profile_entries_history ON profile_entries(superseded_at)
+    WHERE superseded_at IS NOT NULL;     -- pruning finds old history without a scan
+"""
+"""Migration ``m014_profile_entries`` on every backend: each fact of a profile as a row, where
+it was learned (the tasks and messages it came from, when, with which model), who set it, and
+once superseded, when, why and by what. ``profile_data`` stays the projection of the current
+entries (what the prompt quotes)."""
+
+LEARNING_QUEUE_TABLE = """
+CREATE TABLE learning_queue (
+    user_id TEXT PRIMARY KEY REFERENCES user_profiles(user_id) ON DELETE CASCADE,
+    tasks TEXT NOT NULL,                 -- JSON list of finished tasks to learn from,
+                                         -- oldest first: {task_id, conversation_id, at}
+    claimed TEXT NOT NULL DEFAULT '[]',  -- the tasks the holder is learning (same shape):
+                                         -- back to the queue if it gives up or dies
+    dropped INTEGER NOT NULL DEFAULT 0,  -- tasks left out: more were queued than kept
+    attempts INTEGER NOT NULL DEFAULT 0, -- failed attempts since learning last succeeded
+    last_error TEXT,                     -- what the last failed attempt said
+    next_attempt_at TEXT NOT NULL,       -- not claimed before (back-off after failures)
+    holder TEXT,                         -- the process learning it (host|pid|start|token)
+    lease_until TEXT,                    -- its claim lapses then (or when it dies)
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX learning_queue_due ON learning_queue(next_attempt_at);
+"""
+"""Migration ``m015_learning_queue`` on every backend: learning as durable work. A task that
+completes with memory on is queued here in the transaction that completes it, and any process
+with memory on claims the row (a lease) and learns it, so a crash between an answer and its
+learning loses nothing. One row per user: a user's queued tasks are learned together, and
+their number is bounded."""
 
 
 @dataclass
@@ -115,6 +174,145 @@ class SaveBatch:
     save_id: str | None = None
     approvals: list[dict[str, Any]] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)
+    learn: bool = False
+    """With ``complete``: queue the task for learning in the same transaction (the user's
+    ``learning_queue`` row; see :data:`MAX_PENDING_TASKS`). Only when memory is on."""
+    trace: dict[str, str] | None = None
+    """With ``learn``: the run's trace link (``_telemetry.trace_link()``), queued with the
+    task so that its learning, in whatever process, links to the run."""
+
+
+MAX_PENDING_TASKS = 20
+"""Finished tasks one user's ``learning_queue`` row holds; when more wait, the oldest are
+left out (and counted: ``LearningStatus.dropped``)."""
+LEARN_BATCH = MAX_PENDING_TASKS
+"""Tasks one claim takes, learned together in one model call: all of a user's queued tasks."""
+LEARN_LEASE = 600.0
+"""Seconds a claim on a user's learning lasts (longer than a model call may take); a claim
+whose process is gone (on this host) lapses at once."""
+
+
+@dataclass
+class LearningClaim:
+    """A user's queued learning, held by ``holder`` until released or finished.
+
+    ``tasks`` are the finished tasks to learn from (``{"task_id", "conversation_id", "at"}``,
+    oldest first). Finishing it (``Store.change_profile(..., claim=)``) takes exactly these
+    off the queue in the transaction that stores what was learned, so each task is learned
+    once; a claim taken over meanwhile (it lapsed, the user was forgotten) writes nothing.
+    """
+
+    user_id: str
+    holder: str
+    tasks: list[dict[str, Any]]
+    attempts: int = 0
+    dropped: int = 0
+
+
+@dataclass
+class LearningStatus:
+    """What waits to be learned about a user (``Store.learning_status``)."""
+
+    user_id: str
+    pending: int
+    """Finished tasks queued, not learned yet."""
+    dropped: int = 0
+    """Tasks left out because more than :data:`MAX_PENDING_TASKS` waited."""
+    attempts: int = 0
+    """Attempts that failed since learning last succeeded."""
+    last_error: str | None = None
+    next_attempt_at: datetime | None = None
+    claimed: bool = False
+    """A process is learning it now."""
+    since: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pending": self.pending, "dropped": self.dropped, "attempts": self.attempts,
+                "last_error": self.last_error, "claimed": self.claimed,
+                "next_attempt_at": _iso(self.next_attempt_at), "since": _iso(self.since)}
+
+
+@dataclass
+class ForgetReceipt:
+    """What ``forget`` erased, per kind: counts of the rows that were there.
+
+    ``generation`` is the user's generation now: learning that began under an older one
+    (in flight in any process) never writes. ``tool_directory`` is the directory of the
+    user's tools that was removed, for an agent that keeps one per user
+    (``cogency.agent.forget_user`` sets it; ``None``: there was none; with tools under
+    several roots, each directory removed, joined by ``os.pathsep``), and ``tool_files``
+    how many files and directories it held.
+    """
+
+    user_id: str
+    generation: int
+    profiles: int = 0
+    entries: int = 0
+    history: int = 0
+    conversations: int = 0
+    messages: int = 0
+    tasks: int = 0
+    approvals: int = 0
+    pending_learning: int = 0
+    tool_directory: str | None = None
+    tool_files: int = 0
+    """Files and directories the removed ``tool_directory`` held."""
+
+    KINDS = ("profiles", "entries", "history", "conversations", "messages", "tasks",
+             "approvals", "pending_learning")
+
+    def erased(self) -> dict[str, int]:
+        return {kind: getattr(self, kind) for kind in self.KINDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"user_id": self.user_id, "generation": self.generation,
+                "erased": self.erased(), "tool_directory": self.tool_directory,
+                "tool_files": self.tool_files}
+
+
+@dataclass
+class ConversationData:
+    """One conversation of a :class:`UserData`, with every message (oldest first; each a
+    dict with ``seq``, ``id``, ``role``, ``content``, ``task_id``, ``tokens``, ``created_at``)."""
+
+    conversation_id: str
+    data: dict[str, Any]
+    updated_at: datetime | None
+    messages: list[dict[str, Any]]
+
+    def turns_digest(self) -> str | None:
+        """The digest of its turns (``conversations.turns_digest``; see :func:`turns_digest`)."""
+        return turns_digest((m["role"], m["content"]) for m in self.messages)
+
+
+@dataclass
+class TaskData:
+    """One unfinished task of a :class:`UserData`, with every approval row it has (in order;
+    dicts as ``Store.load_approvals`` returns them)."""
+
+    task_id: str
+    conversation_id: str
+    query: str
+    workspace: dict[str, Any]
+    settings: dict[str, Any]
+    version: int
+    updated_at: datetime | None
+    approvals: list[dict[str, Any]]
+
+
+@dataclass
+class UserData:
+    """Everything stored about one user: ``Store.export_user`` reads it in one transaction,
+    ``Store.import_user`` writes it into a store that holds nothing of theirs.
+    ``cogency.storage.export`` turns it into one JSON document and back."""
+
+    user_id: str
+    profile: Profile | None
+    entries: list[ProfileEntry]
+    conversations: list[ConversationData]
+    tasks: list[TaskData]
+    learning: list[dict[str, Any]]
+    """The finished tasks queued for learning (``LearningClaim.tasks``' shape)."""
 
 
 @dataclass
@@ -220,6 +418,64 @@ class Store(Protocol):
         """How many times the user was forgotten (0 for one never forgotten)."""
         ...
 
+    async def load_entries(self, user_id: str, *, history: bool = False) -> list[ProfileEntry]:
+        """The user's current profile entries in rank order; with ``history``, every entry
+        (current and superseded), oldest first."""
+        ...
+
+    async def change_profile(
+        self, user_id: str, change: Callable[[ProfileBook], Any], *,
+        generation: int | None = None, claim: LearningClaim | None = None,
+    ) -> ProfileBook:
+        """Change the profile's entries in one transaction, under the profile's lock.
+
+        ``change`` gets a :class:`~cogency.memory.entries.ProfileBook` of the stored profile
+        (created when missing) and its current entries; the store then writes the entries it
+        added and changed and the projection (``profile_data``), and returns the finished book.
+        ``generation`` is as in :meth:`update_profile`. With ``claim``, the claimed tasks
+        leave the learning queue in the same transaction; a claim no longer held (it lapsed
+        and was taken over, or the user was forgotten) raises
+        :class:`~cogency.errors.ConflictError` and nothing is written.
+        """
+        ...
+
+    async def claim_learning(
+        self, holder: str, *, user_id: str | None = None, limit: int = 1,
+        batch: int = LEARN_BATCH, lease: float = LEARN_LEASE,
+    ) -> list[LearningClaim]:
+        """Claim up to ``limit`` users' queued learning that is due (of ``user_id`` only, when
+        given) for ``holder``, each for ``lease`` seconds and with at most ``batch`` tasks.
+        A claim held by a live holder is skipped; one whose holder died or lapsed is taken."""
+        ...
+
+    async def release_learning(
+        self, claim: LearningClaim, *, error: str | None = None,
+        retry_at: datetime | None = None,
+    ) -> None:
+        """Give a claim up without learning: with ``error``, count a failed attempt and keep
+        the tasks until ``retry_at``. Nothing happens if the claim is no longer held."""
+        ...
+
+    async def learning_status(self, user_id: str) -> LearningStatus | None:
+        """What waits to be learned about the user; ``None`` when nothing does."""
+        ...
+
+    async def prune_history(self, before: datetime, user_id: str | None = None) -> int:
+        """Delete profile entries superseded before ``before`` (of one user, when given);
+        returns how many."""
+        ...
+
+    async def export_user(self, user_id: str) -> UserData:
+        """Everything stored about the user, read in one transaction."""
+        ...
+
+    async def import_user(self, data: UserData) -> None:
+        """Store ``data`` in one transaction: its profile, entries, conversations (messages
+        with their ids, order and times), unfinished tasks (held by nobody) with their
+        approvals, and queued learning. ``ConflictError`` (and nothing written) when the
+        store holds anything of the user, or one of its conversation or task ids."""
+        ...
+
     async def list_tasks(self, user_id: str | None = None) -> list[TaskRecord]:
         """Unfinished tasks, oldest first, each with its ``pending_approvals``."""
         ...
@@ -254,9 +510,10 @@ class Store(Protocol):
         """The user's conversations, most recently updated first (the ``limit`` newest)."""
         ...
 
-    async def forget_user(self, user_id: str) -> None:
-        """Delete the user's profile, conversations, messages and workspaces together, and
-        advance their generation: learning that began before can then never write."""
+    async def forget_user(self, user_id: str) -> ForgetReceipt:
+        """Delete the user's profile and its entries (history too), conversations, messages,
+        workspaces, approvals and queued learning together, and advance their generation:
+        learning that began before can then never write. Returns what was deleted."""
         ...
 
     async def delete_conversation(self, conversation_id: str, user_id: str) -> None:
@@ -355,6 +612,10 @@ def chain_turns(digest: str | None, hashes: Iterable[str]) -> str | None:
 def turns_digest(turns: Iterable[tuple[str, str]]) -> str | None:
     """The digest of a conversation whose messages are ``turns`` (role, text), in order."""
     return chain_turns(None, (h for role, text in turns if (h := turn_hash(role, text))))
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 def busy_conversation(conversation_id: str) -> str:
@@ -642,9 +903,183 @@ def runner_alive(runner: str) -> bool:
     return _process_start(pid) == start  # a reused pid is another process
 
 
+def lease_free(holder: str | None, until: datetime | None, now: datetime) -> bool:
+    """Whether a row held by ``holder`` until ``until`` may be taken at ``now`` (a task's or a
+    conversation's lease, a claim on a user's learning): nobody holds it, its time is up, or
+    its holder is a process of this host that is gone."""
+    return not holder or until is None or until <= now or not runner_alive(holder)
+
+
 def _process_start(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[19].decode()
     except (OSError, IndexError):
         return "?"
+
+
+# -- profile entries and the learning queue: rows the same on every backend --------------------
+
+ENTRY_COLUMNS = (
+    "entry_id, user_id, field, entry_key, value, origin, model, sources, sources_omitted, "
+    "rank, created_at, updated_at, superseded_at, superseded_by, reason"
+)
+"""The columns of ``profile_entries``, in the order of :func:`entry_row`."""
+ENTRY_UPDATE = (
+    "sources = {0}, sources_omitted = {1}, rank = {2}, updated_at = {3}, superseded_at = {4}, "
+    "superseded_by = {5}, reason = {6}"
+)
+"""What a :class:`ProfileBook` may change of an entry (its value never changes)."""
+
+
+def entry_row(entry: ProfileEntry) -> tuple[Any, ...]:
+    """A ``profile_entries`` row (:data:`ENTRY_COLUMNS`) for ``entry``."""
+    return (entry.entry_id, entry.user_id, entry.field, entry.key, entry.value, entry.origin,
+            entry.model, dumps(entry.sources), entry.sources_omitted, entry.rank,
+            entry.created_at.isoformat(), entry.updated_at.isoformat(),
+            _iso(entry.superseded_at), entry.superseded_by, entry.reason)
+
+
+def entry_changes(entry: ProfileEntry) -> tuple[Any, ...]:
+    """The values of :data:`ENTRY_UPDATE`, then the entry's id and user."""
+    return (dumps(entry.sources), entry.sources_omitted, entry.rank,
+            entry.updated_at.isoformat(), _iso(entry.superseded_at), entry.superseded_by,
+            entry.reason, entry.entry_id, entry.user_id)
+
+
+def entry_record(row: Any) -> ProfileEntry:
+    """A ``profile_entries`` row (:data:`ENTRY_COLUMNS`) as an entry."""
+    (entry_id, user_id, name, key, value, origin, model, sources, omitted, rank, created,
+     updated, superseded, superseded_by, reason) = row
+    try:
+        listed = loads(sources)
+        if not isinstance(listed, list):
+            raise ValueError("not a list")
+        return ProfileEntry(
+            entry_id, user_id, name, key, value, origin, listed, rank, _time.parse(created),
+            _time.parse(updated), model, omitted,
+            _time.parse(superseded) if superseded else None, superseded_by, reason,
+        )
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CorruptDataError(
+            f"profile_entries row {entry_id!r} cannot be read ({exc}); repair or delete the row"
+        ) from exc
+
+
+def book_of(profile: Profile | None, user_id: str, entries: Sequence[ProfileEntry]) -> ProfileBook:
+    """The book a ``change_profile`` transaction changes: the stored profile (a new one when
+    there is none) and its current entries, made to agree with ``profile_data`` first (a row
+    written by something other than a book, e.g. a seed-era database)."""
+    book = ProfileBook(profile or Profile(user_id), entries)
+    if profile is not None:
+        book.sync(profile)
+    return book
+
+
+def queued_tasks(text: str, user_id: str) -> list[dict[str, Any]]:
+    """A ``learning_queue.tasks`` value: the queued task references."""
+    try:
+        tasks = loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CorruptDataError(
+            f"learning_queue row of user {user_id!r} holds invalid JSON ({exc}); delete the row "
+            "(what it queued is not learned)"
+        ) from exc
+    if not isinstance(tasks, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("task_id"), str) for t in tasks):
+        raise CorruptDataError(
+            f"learning_queue row of user {user_id!r} holds something other than a list of "
+            "tasks; delete the row (what it queued is not learned)"
+        )
+    return tasks
+
+
+def learning_ref(batch: SaveBatch, stamp: str) -> dict[str, Any]:
+    """How a completed task is queued for learning: ``{"task_id", "conversation_id", "at"}``,
+    and ``"trace"`` (the run's trace link) when the run was traced."""
+    ref: dict[str, Any] = {"task_id": batch.task_id, "conversation_id": batch.conversation_id,
+                           "at": stamp}
+    if batch.trace:
+        ref["trace"] = batch.trace
+    return ref
+
+
+def queue_task(tasks: list[dict[str, Any]], claimed: list[dict[str, Any]], batch: SaveBatch,
+               stamp: str) -> tuple[list[dict[str, Any]], int]:
+    """``tasks`` with the batch's task queued last (once, and not if a claim holds it), and
+    how many of the oldest had to leave to keep :data:`MAX_PENDING_TASKS` (claimed tasks are
+    never left out: they are being learned). PostgreSQL's ``cogency_queue_task`` (migration
+    m015) does the same inside the completing statement."""
+    held = {task.get("task_id") for task in claimed}
+    queued = [t for t in tasks if t.get("task_id") != batch.task_id]
+    if batch.task_id not in held:
+        queued.append(learning_ref(batch, stamp))
+    over = max(0, len(queued) - MAX_PENDING_TASKS)
+    return queued[over:], over
+
+
+def take_claim(tasks: list[dict[str, Any]], claimed: list[dict[str, Any]], batch: int
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What a new claim holds (what a lapsed claim held, then the oldest queued, ``batch`` in
+    all) and what stays queued."""
+    room = max(0, batch - len(claimed))
+    return [*claimed, *tasks[:room]], tasks[room:]
+
+
+def pending_count(*texts: str | None, user_id: str) -> int:
+    """How many tasks ``learning_queue`` values (``tasks``, ``claimed``) hold (0 for one that
+    cannot be read: a forget still deletes the row)."""
+    total = 0
+    for text in texts:
+        try:
+            total += len(queued_tasks(text or "[]", user_id))
+        except CorruptDataError:
+            pass
+    return total
+
+
+def claimable(holder: str | None, lease_until: str | None, me: str, now: str) -> bool:
+    """Whether a queue row held by ``holder`` until ``lease_until`` may be claimed by ``me``
+    (times as the row keeps them: ISO text)."""
+    return holder == me or lease_free(holder, _moment(lease_until), _time.parse(now))
+
+
+def _moment(text: str | None) -> datetime | None:
+    return None if text is None else _time.parse(text)
+
+
+def claim_lost(claim: LearningClaim) -> ClaimLostError:
+    return ClaimLostError(
+        f"the learning claim on user {claim.user_id!r} is no longer held (it lapsed and another "
+        "process took it, or the user was forgotten): nothing of it was stored"
+    )
+
+
+def import_conflict(user_id: str, what: str) -> ConflictError:
+    return ConflictError(
+        f"cannot import user {user_id!r}: {what}. Import only into a store that holds nothing "
+        "of theirs (forget them first, or use an empty database)"
+    )
+
+
+def import_taken(user_id: str, kind: str, ident: str | None) -> ConflictError:
+    """An import whose ``kind`` id (conversation, task, profile entry) another user of the
+    store has: ids are unique across users, so nothing was imported."""
+    named = f"{kind} {ident!r}" if ident is not None else f"a {kind} id"
+    return ConflictError(
+        f"cannot import user {user_id!r}: {named} of the export belongs to another user of "
+        "this store (ids are unique across its users); nothing was imported. Import into a "
+        "database that does not hold it"
+    )
+
+
+def learning_status_of(row: Any, user_id: str, now: str) -> LearningStatus:
+    """A ``learning_queue`` row (tasks, claimed, dropped, attempts, last_error,
+    next_attempt_at, holder, lease_until, created_at) as a status."""
+    tasks, claimed, dropped, attempts, error, due, holder, until, since = row
+    return LearningStatus(
+        user_id, pending_count(tasks, claimed, user_id=user_id), dropped, attempts, error,
+        _time.parse(due) if due else None,
+        not lease_free(holder, _moment(until), _time.parse(now)),
+        _time.parse(since) if since else None,
+    )

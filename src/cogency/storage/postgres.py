@@ -29,7 +29,7 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -41,6 +41,7 @@ from ..errors import (
     ConfigurationError,
     ConflictError,
     ConversationBusyError,
+    CorruptDataError,
     ForgottenError,
     NotFoundError,
     StorageError,
@@ -48,17 +49,45 @@ from ..errors import (
     StoreUnavailableError,
     UsageError,
 )
+from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
-from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, lease_free, process_of
+from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, process_of
 from ._window import Newest, Window, Windows
 from .base import (
+    ENTRY_COLUMNS,
+    ENTRY_UPDATE,
+    LEARN_BATCH,
+    LEARNING_QUEUE_TABLE,
+    LEARN_LEASE,
+    MAX_PENDING_TASKS,
     MIGRATION_NAMES,
+    PROFILE_ENTRIES_TABLE,
     ApiKeyRecord,
+    ConversationData,
     ConversationRecord,
+    ForgetReceipt,
+    LearningClaim,
+    LearningStatus,
     RequestRecord,
     SaveBatch,
+    TaskData,
     TaskRecord,
+    UserData,
     APPROVAL_COLUMNS,
+    book_of,
+    claim_lost,
+    claimable,
+    entry_changes,
+    entry_record,
+    entry_row,
+    import_conflict,
+    import_taken,
+    learning_ref,
+    learning_status_of,
+    lease_free,
+    pending_count,
+    queued_tasks,
+    take_claim,
     approval_data,
     approval_record,
     check_decisions,
@@ -411,6 +440,18 @@ _POLICIES = {
 }
 
 
+def _owner_policy(table: str, scopes: Sequence[str]) -> str:
+    """Row-level security on ``table``: its user's rows, and every row for statements in one
+    of ``scopes`` (or migrating)."""
+    allowed = ", ".join(f"'{scope}'" for scope in (*scopes, "migration"))
+    return (
+        f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; "
+        f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY; "
+        f"CREATE POLICY cogency_owner ON {table} USING (user_id = {_USER} "
+        f"OR {_SCOPE} IN ({allowed}))"
+    )
+
+
 async def _m013_row_level_security(db: asyncpg.Connection) -> None:
     # Every user's rows are visible only to statements that act for that user (the store sets
     # cogency.user_id in each one), so a query that forgets its WHERE user_id finds nothing of
@@ -420,13 +461,7 @@ async def _m013_row_level_security(db: asyncpg.Connection) -> None:
     # owner (usually the role the store connects as) is held to the policies too; superusers
     # and BYPASSRLS roles still see everything. user_generations holds hashes, no user id.
     for table, scopes in _POLICIES.items():
-        allowed = ", ".join(f"'{scope}'" for scope in (*scopes, "migration"))
-        await db.execute(
-            f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; "
-            f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY; "
-            f"CREATE POLICY cogency_owner ON {table} USING (user_id = {_USER} "
-            f"OR {_SCOPE} IN ({allowed}))"
-        )
+        await db.execute(_owner_policy(table, scopes))
     # A message is its conversation's: readable, changeable and deletable where that row is
     # visible. An insert needs a user scope: a new conversation and its first messages are
     # written by one statement, whose policy checks cannot see that statement's own rows;
@@ -437,6 +472,53 @@ async def _m013_row_level_security(db: asyncpg.Connection) -> None:
         "CREATE POLICY cogency_owner ON conversation_messages USING (EXISTS (SELECT 1 FROM "
         "conversations c WHERE c.conversation_id = conversation_messages.conversation_id)) "
         f"WITH CHECK ({_USER} <> '' OR {_SCOPE} = 'migration')"
+    )
+
+
+_MEMORY_POLICIES = {
+    # The tables of memory, made after m013, under the same policy shape (_owner_policy).
+    "profile_entries": ("history",),   # pruning old history across users
+    "learning_queue": ("learning",),   # the sweep claiming any user's queued learning
+}
+
+
+async def _m014_profile_entries(db: asyncpg.Connection) -> None:
+    await db.execute(PROFILE_ENTRIES_TABLE)  # (its columns, and why: storage/base.py)
+    await db.execute(_owner_policy("profile_entries", _MEMORY_POLICIES["profile_entries"]))
+    # Profiles learned before entries existed: their values become entries without sources.
+    for user_id, text in await db.fetch("SELECT user_id, profile_data::text FROM user_profiles"):
+        try:
+            book = ProfileBook.adopt(decode_profile(text, user_id))
+        except CorruptDataError:
+            continue  # reported when it is read; a change then adopts what it holds
+        await db.executemany(_INSERT_ENTRY_TEXT, [_entry_row(e) for e in book.added])
+
+
+async def _m015_learning_queue(db: asyncpg.Connection) -> None:
+    await db.execute(LEARNING_QUEUE_TABLE)  # (its columns, and why: storage/base.py)
+    await db.execute(_owner_policy("learning_queue", _MEMORY_POLICIES["learning_queue"]))
+    # base.queue_task's rule, so that a completion queues its task in the statement that
+    # completes it (_SAVE): the queued tasks without this one, then it (unless a claim holds
+    # it), the newest `bound` kept; `over` says how many older ones had to leave.
+    await db.execute(
+        """
+        CREATE FUNCTION cogency_queue_task(tasks TEXT, claimed TEXT, ref JSON, bound INT,
+                                           OUT queued TEXT, OUT over INT)
+        LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+        DECLARE
+            kept JSON[];
+        BEGIN
+            SELECT coalesce(array_agg(e.value ORDER BY e.ord), '{}') INTO kept
+            FROM json_array_elements(tasks::json) WITH ORDINALITY AS e(value, ord)
+            WHERE e.value->>'task_id' IS DISTINCT FROM ref->>'task_id';
+            IF NOT EXISTS (SELECT 1 FROM json_array_elements(claimed::json) AS c(value)
+                           WHERE c.value->>'task_id' = ref->>'task_id') THEN
+                kept := kept || ref;
+            END IF;
+            over := greatest(0, coalesce(array_length(kept, 1), 0) - bound);
+            queued := array_to_json(kept[over + 1:])::text;
+        END $$;
+        """
     )
 
 
@@ -454,6 +536,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[Any], Awaitable[None]]], ...] = (
     ("m011_conversation_turns", _m011_conversation_turns),
     ("m012_leases_as_rows", _m012_leases_as_rows),
     ("m013_row_level_security", _m013_row_level_security),
+    ("m014_profile_entries", _m014_profile_entries),
+    ("m015_learning_queue", _m015_learning_queue),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -1347,8 +1431,7 @@ class PostgresStore:
                     [m.get("tokens", 0) for m in messages],
                     [m.get("created_at") or stamp.isoformat() for m in messages],
                     [m.get("id") for m in messages],
-                    None if batch.profile is None else dumps(batch.profile.to_dict()),
-                    hold, _turns(messages),
+                    learning, hold, _turns(messages),
                 )
                 if any(row["kind"] == 0 for row in rows):
                     break
@@ -1363,16 +1446,26 @@ class PostgresStore:
             _number(messages, rows)
             if (batch.approvals or batch.settled) and not batch.complete:
                 await _record_approvals(db, batch, stamp)  # in the same transaction (below)
+            if batch.profile is not None:  # in the same transaction (below)
+                given = batch.profile
+                await _change_profile(db, batch.user_id, lambda book: book.take(given), stamp)
             return int(next(row["seq"] for row in rows if row["kind"] == 0))
 
+        # A completion with memory on queues its task for learning in the same statement.
+        learning = None
+        if batch.complete and batch.learn:
+            learning = dumps(learning_ref(batch, _time.now().isoformat()))
+        # A step that pauses for approval, or settles decided calls, also writes
+        # task_approvals, and a profile given to save is written through its entries: one
+        # transaction then, so all of it lands or none.
+        together = bool(batch.approvals or batch.settled) and not batch.complete \
+            or batch.profile is not None
         if not batch.complete:
-            # A step that pauses for approval, or settles decided calls, also writes
-            # task_approvals: one transaction then, so both land or neither.
             return await self._use("saving a task", work, user=batch.user_id, idempotent=True,
-                                   transaction=bool(batch.approvals or batch.settled))
+                                   transaction=together)
         try:
             return await self._use("completing a task", work, user=batch.user_id,
-                                   transaction=False, idempotent=True)
+                                   transaction=together, idempotent=True)
         finally:
             # A completed task needs no runner; one whose completion failed is released by
             # its runner.
@@ -1446,7 +1539,15 @@ class PostgresStore:
     async def update_profile(
         self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
     ) -> Profile:
-        async def work(db: _Db) -> Profile:
+        book = await self.change_profile(user_id, lambda book: book.edit(apply),
+                                          generation=generation)
+        return book.profile
+
+    async def change_profile(
+        self, user_id: str, change: Callable[[ProfileBook], Any], *,
+        generation: int | None = None, claim: LearningClaim | None = None,
+    ) -> ProfileBook:
+        async def work(db: _Db) -> ProfileBook:
             if generation is not None:
                 # Locks the user's generation row (made if missing) until commit; forget_user
                 # takes the same lock first, so one of the two waits for the other to finish,
@@ -1454,32 +1555,152 @@ class PostgresStore:
                 now = await db.fetchval(_LOCK_GENERATION, generation_key(user_id))
                 if now != generation:
                     raise ForgottenError(user_id)
+            queued = None
+            if claim is not None:
+                row = await db.fetchrow(_LOCK_LEARNING, claim.user_id)
+                if row is None or row["holder"] != claim.holder:
+                    raise claim_lost(claim)
+                queued = queued_tasks(row["tasks"], claim.user_id)  # besides the claim's
             stamp = _time.now()
-            # Create the row first so that concurrent updaters of a new profile also queue on
-            # its lock instead of both starting from an empty profile.
-            text = await db.fetchval(
-                _CREATE_PROFILE, user_id, dumps(Profile(user_id).to_dict()), stamp)
-            if text is None:
-                text = await db.fetchval(_LOCK_PROFILE, user_id)
-            profile = decode_profile(text, user_id)
-            apply(profile)
-            profile.enforce_bounds()
-            await _put_profile(db, profile, stamp)
-            return profile
+            book = await _change_profile(db, user_id, change, stamp)
+            if queued:  # the claim's tasks are learned: off the queue, the rest waits
+                await db.fetch(_FINISH_LEARNING, user_id, stamp.isoformat())
+            elif queued is not None:
+                await db.fetch(_DROP_LEARNING, user_id)
+            return book
 
         return await self._use("updating a profile", work, user=user_id)
 
-    async def forget_user(self, user_id: str) -> None:
-        async def work(db: _Db) -> None:
-            # First: from here on, learning that began before waits for this transaction and
-            # then sees the new generation (see update_profile).
-            await db.fetch(_BUMP_GENERATION, generation_key(user_id))
-            # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
-            # explicit deletes also cover rows written before the cascades existed.
-            for statement in _FORGET:
-                await db.fetch(statement, user_id)
+    async def load_entries(self, user_id: str, *, history: bool = False) -> list[ProfileEntry]:
+        async def work(db: _Db) -> list[ProfileEntry]:
+            return await _entries(db, user_id, history=history)
 
-        await self._use("forgetting a user", work, user=user_id)
+        return await self._read("loading profile entries", work, user=user_id)
+
+    async def forget_user(self, user_id: str) -> ForgetReceipt:
+        async def work(db: _Db) -> ForgetReceipt:
+            # First: from here on, learning that began before waits for this transaction and
+            # then sees the new generation (see change_profile).
+            generation = await db.fetchval(_BUMP_GENERATION, generation_key(user_id))
+            receipt = ForgetReceipt(user_id, int(generation))
+            # In the order completions and learning lock these rows (conversations, then the
+            # learning queue, then the profile), so none of them deadlocks with a forget.
+            # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
+            # explicit deletes also cover rows written before the cascades existed, and count.
+            for kind, statement in _FORGET:
+                gone = await db.fetchval(statement, user_id)
+                if kind:
+                    setattr(receipt, kind, int(gone))
+            queued = await db.fetchrow(_FORGET_LEARNING, user_id)
+            receipt.pending_learning = (0 if queued is None
+                                        else pending_count(*queued, user_id=user_id))
+            for kind, statement in _FORGET_PROFILE:
+                setattr(receipt, kind, int(await db.fetchval(statement, user_id)))
+            return receipt
+
+        receipt = await self._use("forgetting a user", work, user=user_id)
+        self._windows.clear()
+        return receipt
+
+    # -- learning as durable work ---------------------------------------------------------
+
+    async def claim_learning(
+        self, holder: str, *, user_id: str | None = None, limit: int = 1,
+        batch: int = LEARN_BATCH, lease: float = LEARN_LEASE,
+    ) -> list[LearningClaim]:
+        async def work(db: _Db) -> list[LearningClaim]:
+            now = _time.now()
+            stamp = now.isoformat()
+            # SKIP LOCKED: a row another transaction writes (a completion queueing a task,
+            # another claim) is left for the next sweep instead of waited for.
+            if user_id is None:
+                rows = await db.fetch(_DUE_LEARNING, stamp, limit + 50)
+            else:
+                rows = await db.fetch(_USERS_LEARNING, stamp, user_id)
+            until = (now + timedelta(seconds=lease)).isoformat()
+            claims: list[LearningClaim] = []
+            for row in rows:
+                if len(claims) >= limit:
+                    break
+                if not claimable(row["holder"], row["lease_until"], holder, stamp):
+                    continue
+                user = row["user_id"]
+                taken, left = take_claim(queued_tasks(row["tasks"], user),
+                                         queued_tasks(row["claimed"], user), batch)
+                await db.fetch(_TAKE_LEARNING, user, dumps(left), dumps(taken), holder, until)
+                claims.append(LearningClaim(user, holder, taken, row["attempts"],
+                                            row["dropped"]))
+            return claims
+
+        if user_id is None:  # any user's (the sweep): only the learning queue, across users
+            return await self._use("claiming learning", work, scope="learning")
+        return await self._use("claiming learning", work, user=user_id)
+
+    async def release_learning(
+        self, claim: LearningClaim, *, error: str | None = None,
+        retry_at: datetime | None = None,
+    ) -> None:
+        async def work(db: _Db) -> None:
+            row = await db.fetchrow(_HELD_LEARNING, claim.user_id, claim.holder)
+            if row is None:
+                return  # no longer held: nothing of it is ours
+            tasks = [*queued_tasks(row["claimed"], claim.user_id),
+                     *queued_tasks(row["tasks"], claim.user_id)]
+            await db.fetch(
+                _RELEASE_LEARNING, claim.user_id, dumps(tasks), 1 if error is not None else 0,
+                None if error is None else _put_text(error),
+                (retry_at or _time.now()).isoformat(), _time.now().isoformat(),
+            )
+
+        await self._use("releasing learning", work, user=claim.user_id)
+
+    async def learning_status(self, user_id: str) -> LearningStatus | None:
+        async def work(db: _Db) -> LearningStatus | None:
+            row = await db.fetchrow(_LEARNING_STATUS, user_id)
+            if row is None:
+                return None
+            values = list(row)
+            values[4] = None if values[4] is None else _get_text(values[4])
+            return learning_status_of(values, user_id, _time.now().isoformat())
+
+        return await self._read("reading a user's learning", work, user=user_id)
+
+    async def prune_history(self, before: datetime, user_id: str | None = None) -> int:
+        async def work(db: _Db) -> int:
+            return int(await db.fetchval(_PRUNE_HISTORY, before.isoformat(), user_id))
+
+        if user_id is None:  # every user's (the sweep): only profile entries, across users
+            return await self._use("pruning profile history", work, scope="history",
+                                   transaction=False)
+        return await self._use("pruning profile history", work, user=user_id,
+                               transaction=False)
+
+    # -- export and import ----------------------------------------------------------------
+
+    async def export_user(self, user_id: str) -> UserData:
+        async def work(db: _Db) -> UserData:
+            # One snapshot of everything the user has (the transaction's first statement).
+            await db.connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            return await _export(db, user_id)
+
+        return await self._use("exporting a user", work, user=user_id, write=False)
+
+    async def import_user(self, data: UserData) -> None:
+        driver = _driver()
+
+        async def work(db: _Db) -> None:
+            writing: list[str | None] = [None]  # the id of the row being written
+            try:
+                await _import(db, data, _time.now(), writing)
+            except driver.exceptions.UniqueViolationError as exc:
+                # Ids are unique across users, and this user holds nothing (checked first):
+                # the id is another user's, invisible here (row-level security).
+                kind = _TAKEN.get(exc.constraint_name or "")
+                if kind is None:
+                    raise
+                raise import_taken(data.user_id, kind, writing[0]) from exc
+
+        await self._use("importing a user", work, user=data.user_id)
         self._windows.clear()
 
     async def delete_conversation(self, conversation_id: str, user_id: str) -> None:
@@ -1743,18 +1964,104 @@ _BUMP_GENERATION = _Sql(
     "INSERT INTO user_generations (user_key, generation) VALUES ($1, 1) "
     "ON CONFLICT (user_key) DO UPDATE SET generation = user_generations.generation + 1 "
     "RETURNING generation")
-_FORGET = tuple(
-    _Sql("SELECT count(*) FROM gone", ctes=f"gone AS ({delete} RETURNING 1)")
-    for delete in (
-        "DELETE FROM conversation_messages WHERE conversation_id IN "
-        "(SELECT conversation_id FROM conversations WHERE user_id = $1)",
-        "DELETE FROM task_workspaces WHERE user_id = $1",
-        "DELETE FROM conversation_runs WHERE user_id = $1",
-        "DELETE FROM conversations WHERE user_id = $1",
-        "DELETE FROM user_profiles WHERE user_id = $1",
-        "DELETE FROM idempotency_keys WHERE user_id = $1",
-    )
+def _deleting(what: str) -> _Sql:
+    """Delete ``FROM what`` ($1 the user), counting the rows (a forget's receipt)."""
+    return _Sql("SELECT count(*) FROM gone", ctes=f"gone AS (DELETE FROM {what} RETURNING 1)")
+
+
+_FORGET = (
+    # (receipt kind, statement), in the order completions and learning take these locks.
+    ("messages", _deleting("conversation_messages WHERE conversation_id IN "
+                           "(SELECT conversation_id FROM conversations WHERE user_id = $1)")),
+    ("approvals", _deleting("task_approvals WHERE user_id = $1")),
+    ("tasks", _deleting("task_workspaces WHERE user_id = $1")),
+    (None, _deleting("conversation_runs WHERE user_id = $1")),
+    ("conversations", _deleting("conversations WHERE user_id = $1")),
+    (None, _deleting("idempotency_keys WHERE user_id = $1")),
 )
+_FORGET_LEARNING = _Sql(
+    "DELETE FROM learning_queue WHERE user_id = $1 RETURNING tasks, claimed")
+_FORGET_PROFILE = (
+    ("entries", _deleting("profile_entries WHERE user_id = $1 AND superseded_at IS NULL")),
+    ("history", _deleting("profile_entries WHERE user_id = $1")),  # what is left: history
+    ("profiles", _deleting("user_profiles WHERE user_id = $1")),
+)
+
+# -- profile entries and the learning queue (migrations m014, m015) --------------------------
+
+_INSERT_ENTRY_TEXT = (
+    f"INSERT INTO profile_entries ({ENTRY_COLUMNS}) VALUES "
+    f"({', '.join(f'${n}' for n in range(1, 16))})"
+)
+_INSERT_ENTRY = _Sql(_INSERT_ENTRY_TEXT + " RETURNING 1 AS added")
+_UPDATE_ENTRY = _Sql(
+    "UPDATE profile_entries SET " + ENTRY_UPDATE.format(*(f"${n}" for n in range(1, 8)))
+    + " WHERE entry_id = $8 AND user_id = $9 RETURNING 1 AS changed")
+_ENTRIES = _Sql(
+    f"SELECT {ENTRY_COLUMNS} FROM profile_entries WHERE user_id = $1 "
+    "AND superseded_at IS NULL", order="rank")
+_ALL_ENTRIES = _Sql(
+    f"SELECT {ENTRY_COLUMNS} FROM profile_entries WHERE user_id = $1", order="created_at, rank")
+_PRUNE_HISTORY = _deleting(
+    "profile_entries WHERE superseded_at IS NOT NULL AND superseded_at < $1 "
+    "AND ($2::text IS NULL OR user_id = $2::text)")
+
+_LEARNING_COLUMNS = (
+    "SELECT user_id, tasks, claimed, dropped, attempts, holder, lease_until, next_attempt_at "
+    "FROM learning_queue WHERE next_attempt_at <= $1")
+_DUE_LEARNING = _Sql(
+    _LEARNING_COLUMNS + " ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    order="next_attempt_at")
+_USERS_LEARNING = _Sql(_LEARNING_COLUMNS + " AND user_id = $2 FOR UPDATE SKIP LOCKED")
+_TAKE_LEARNING = _Sql(
+    "UPDATE learning_queue SET tasks = $2, claimed = $3, holder = $4, lease_until = $5 "
+    "WHERE user_id = $1 RETURNING 1 AS taken")
+_LOCK_LEARNING = _Sql("SELECT tasks, holder FROM learning_queue WHERE user_id = $1 FOR UPDATE")
+_HELD_LEARNING = _Sql(
+    "SELECT tasks, claimed FROM learning_queue WHERE user_id = $1 AND holder = $2 FOR UPDATE")
+_FINISH_LEARNING = _Sql(
+    # A claim learned while more was queued: the rest waits, due now.
+    "UPDATE learning_queue SET claimed = '[]', holder = NULL, lease_until = NULL, "
+    "attempts = 0, last_error = NULL, dropped = 0, next_attempt_at = $2, updated_at = $2 "
+    "WHERE user_id = $1 RETURNING 1 AS finished")
+_DROP_LEARNING = _Sql("DELETE FROM learning_queue WHERE user_id = $1 RETURNING 1 AS dropped")
+_RELEASE_LEARNING = _Sql(
+    "UPDATE learning_queue SET tasks = $2, claimed = '[]', holder = NULL, lease_until = NULL, "
+    "attempts = attempts + $3, last_error = COALESCE($4, last_error), next_attempt_at = $5, "
+    "updated_at = $6 WHERE user_id = $1 RETURNING 1 AS released")
+_LEARNING_STATUS = _Sql(
+    "SELECT tasks, claimed, dropped, attempts, last_error, next_attempt_at, holder, "
+    "lease_until, created_at FROM learning_queue WHERE user_id = $1")
+
+_USERS_CONVERSATIONS = _Sql(
+    _CONVERSATION_COLUMNS + " WHERE user_id = $1", order="updated_at, conversation_id")
+_ALL_MESSAGES = _Sql(
+    "SELECT seq, role, content, task_id, tokens, created_at, message_id "
+    "FROM conversation_messages WHERE conversation_id = $1", order="seq")
+_QUEUED = _Sql("SELECT claimed, tasks FROM learning_queue WHERE user_id = $1")
+_HOLDS_ANYTHING = _Sql(
+    "SELECT EXISTS (SELECT 1 FROM user_profiles WHERE user_id = $1) OR EXISTS "
+    "(SELECT 1 FROM conversations WHERE user_id = $1) AS holds")
+_IMPORT_CONVERSATION = _Sql(
+    "INSERT INTO conversations (conversation_id, user_id, conversation_data, updated_at, "
+    "message_count, turns_digest) VALUES ($1, $2, $3, $4, $5, $6) RETURNING 1 AS added")
+_IMPORT_MESSAGE = _Sql(
+    "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, tokens, "
+    "created_at, message_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING 1 AS added")
+_IMPORT_TASK = _Sql(
+    "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, workspace_data, "
+    "version, updated_at, epoch, settings) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) "
+    "RETURNING 1 AS added")
+_IMPORT_APPROVAL = _Sql(
+    "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, status, "
+    "created_at, decided_at, decider, output) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "
+    "RETURNING 1 AS added")
+_IMPORT_LEARNING = _Sql(
+    "INSERT INTO learning_queue (user_id, tasks, next_attempt_at, created_at, updated_at) "
+    "VALUES ($1, $2, $3, $3, $3) RETURNING 1 AS added")
+_TAKEN = {"conversations_pkey": "conversation", "task_workspaces_pkey": "task",
+          "profile_entries_pkey": "profile entry"}
+"""The unique keys an import may find taken (by another user), and what they name."""
 
 
 _REQUEST_COLUMNS = (
@@ -1865,6 +2172,104 @@ async def _put_profile(db: _Db, profile: Profile, stamp: datetime) -> None:
     await db.fetch(_PUT_PROFILE, profile.user_id, dumps(profile.to_dict()), stamp)
 
 
+def _entry_row(entry: ProfileEntry) -> tuple[Any, ...]:
+    row = list(entry_row(entry))
+    row[3], row[4] = _put_text(row[3]), _put_text(row[4])  # key, value: text may hold NUL
+    return tuple(row)
+
+
+async def _entries(db: _Db, user_id: str, *, history: bool = False) -> list[ProfileEntry]:
+    entries = []
+    for row in await db.fetch(_ALL_ENTRIES if history else _ENTRIES, user_id):
+        values = list(row)
+        values[3], values[4] = _get_text(values[3]), _get_text(values[4])
+        entries.append(entry_record(values))
+    return entries
+
+
+async def _change_profile(db: _Db, user_id: str, change: Callable[[ProfileBook], Any],
+                          stamp: datetime) -> ProfileBook:
+    """Read the profile (locked) and its current entries, apply ``change``, write what it
+    changed: the one place that writes ``profile_entries`` and ``profile_data`` together."""
+    # Create the row first so that concurrent updaters of a new profile also queue on its
+    # lock instead of both starting from an empty profile.
+    text = await db.fetchval(_CREATE_PROFILE, user_id, dumps(Profile(user_id).to_dict()), stamp)
+    stored = None
+    if text is None:
+        stored = decode_profile(await db.fetchval(_LOCK_PROFILE, user_id), user_id)
+    book = book_of(stored, user_id, await _entries(db, user_id))
+    change(book)
+    await _put_profile(db, book.finish(), stamp)
+    if book.added:
+        await db.executemany(_INSERT_ENTRY, [_entry_row(e) for e in book.added])
+    if book.changed:
+        await db.executemany(_UPDATE_ENTRY, [entry_changes(e) for e in book.changed.values()])
+    return book
+
+
+async def _export(db: _Db, user_id: str) -> UserData:
+    text = await db.fetchval(_LOAD_PROFILE, user_id)
+    conversations = []
+    for row in await db.fetch(_USERS_CONVERSATIONS, user_id):
+        record = conversation_record(row)
+        messages = [_message(m) for m in await db.fetch(_ALL_MESSAGES, record.conversation_id)]
+        conversations.append(ConversationData(record.conversation_id, record.data,
+                                              record.updated_at, messages))
+    tasks = [task_record(row, _get_text) for row in await db.fetch(_USERS_TASKS, user_id)]
+    approvals = await _approvals(db, [task.task_id for task in tasks])
+    queued = await db.fetchrow(_QUEUED, user_id)
+    return UserData(
+        user_id, None if text is None else decode_profile(text, user_id),
+        await _entries(db, user_id, history=True), conversations,
+        [TaskData(t.task_id, t.conversation_id, t.query, t.workspace, t.settings, t.version,
+                  t.updated_at, approvals.get(t.task_id, [])) for t in tasks],
+        [] if queued is None else [*queued_tasks(queued["claimed"], user_id),
+                                   *queued_tasks(queued["tasks"], user_id)],
+    )
+
+
+async def _import(db: _Db, data: UserData, stamp: datetime, writing: list[str | None]
+                  ) -> None:
+    """Write ``data``; ``writing[0]`` names the conversation or task being written (a key
+    taken by another user is not named by PostgreSQL under row-level security)."""
+    user = data.user_id
+    if await db.fetchval(_HOLDS_ANYTHING, user):
+        raise import_conflict(user, "the store already holds data of this user")
+    await _put_profile(db, data.profile or Profile(user), stamp)
+    now = stamp.isoformat()
+    for conversation in data.conversations:
+        writing[0] = conversation.conversation_id
+        await db.fetch(
+            _IMPORT_CONVERSATION, conversation.conversation_id, user, dumps(conversation.data),
+            conversation.updated_at or stamp, len(conversation.messages),
+            conversation.turns_digest(),
+        )
+        await db.executemany(
+            _IMPORT_MESSAGE,
+            [(conversation.conversation_id, seq, m["role"], _put_text(m["content"]),
+              m.get("task_id"), m.get("tokens", 0), m.get("created_at") or now, m.get("id"))
+             for seq, m in enumerate(conversation.messages, start=1)],
+        )
+    for task in data.tasks:
+        writing[0] = task.task_id
+        await db.fetch(
+            _IMPORT_TASK, task.task_id, user, task.conversation_id, _put_text(task.query),
+            dumps(task.workspace), task.version, task.updated_at or stamp, dumps(task.settings),
+        )
+        await db.executemany(
+            _IMPORT_APPROVAL,
+            [(task.task_id, call["id"], user, position, approval_data(call), call["status"],
+              call.get("created_at") or now, call.get("decided_at"),
+              call.get("decider", "person"),
+              None if call.get("output") is None else _put_text(call["output"]))
+             for position, call in enumerate(task.approvals, start=1)],
+        )
+    writing[0] = None
+    await db.executemany(_INSERT_ENTRY, [_entry_row(e) for e in data.entries])
+    if data.learning:
+        await db.fetch(_IMPORT_LEARNING, user, dumps(data.learning), now)
+
+
 _CHAIN = (
     # The turns digest {old} with the turns among the messages {new} added (base.chain_turns).
     "CASE WHEN EXISTS (SELECT 1 FROM {new} WHERE turn IS NOT NULL) THEN cogency_chain_turns("
@@ -1936,7 +2341,8 @@ _BEGIN = _Sql(
 _SAVE = _Sql(
     # $1 conversation, $2 stamp, $3 user, $4 task, $5 epoch (fence when set), $6 workspace
     # (written when set), $7 expected version, $8 version step, $9 save id, $10 complete,
-    # $11 check the task row at all, $12-$17 the messages, $18 profile (written when set),
+    # $11 check the task row at all, $12-$17 the messages, $18 the task's learning_queue
+    # reference (base.learning_ref) when it completes with memory on,
     # $19 the epoch of the conversation hold the task was begun under (fence when set), $20
     # each message's turn hash (base.turn_hash; NULL: no turn).
     # Returns one row of kind 0 (the version) when it wrote, kind 1 per message stored
@@ -1982,9 +2388,14 @@ _SAVE = _Sql(
     "task_id, tokens, created_at, message_id) SELECT $1, counter.base + fresh.n, "
     "fresh.role, fresh.content, fresh.task_id, fresh.tokens, fresh.created_at, "
     "fresh.message_id FROM counter, fresh), "
-    "profile AS (INSERT INTO user_profiles (user_id, profile_data, updated_at) "
-    "SELECT $3, $18::json, $2 WHERE $18::json IS NOT NULL AND EXISTS (SELECT 1 FROM ok) "
-    "ON CONFLICT (user_id) DO UPDATE SET profile_data = excluded.profile_data, "
+    # The completed task queued for learning (memory on: $18 its reference), as
+    # base.queue_task says, by cogency_queue_task (migration m015).
+    "queued AS (INSERT INTO learning_queue AS q (user_id, tasks, next_attempt_at, "
+    "created_at, updated_at) SELECT $3, json_build_array($18::json)::text, $18::json->>'at', "
+    "$18::json->>'at', $18::json->>'at' WHERE $18::json IS NOT NULL "
+    "AND EXISTS (SELECT 1 FROM gone) ON CONFLICT (user_id) DO UPDATE SET (tasks, dropped) = "
+    "(SELECT t.queued, q.dropped + t.over FROM cogency_queue_task(q.tasks, q.claimed, "
+    f"$18::json, {MAX_PENDING_TASKS}) t), next_attempt_at = excluded.next_attempt_at, "
     "updated_at = excluded.updated_at)",
 )
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from .. import _time
@@ -17,24 +17,52 @@ from .._json import dumps
 from ..errors import (
     ConflictError,
     ConversationBusyError,
+    CorruptDataError,
     ForgottenError,
     NotFoundError,
     StorageError,
     StoreLockedError,
     UsageError,
 )
+from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
-from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, lease_free, process_of
+from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, process_of
 from ._window import Newest, Window, Windows
 from .base import (
+    ENTRY_COLUMNS,
+    ENTRY_UPDATE,
+    LEARN_BATCH,
+    LEARNING_QUEUE_TABLE,
+    LEARN_LEASE,
     MIGRATION_NAMES,
+    PROFILE_ENTRIES_TABLE,
     ApiKeyRecord,
+    ConversationData,
     ConversationRecord,
+    ForgetReceipt,
+    LearningClaim,
+    LearningStatus,
     RequestRecord,
     SaveBatch,
+    TaskData,
     TaskRecord,
+    UserData,
     abandon_runner,
     APPROVAL_COLUMNS,
+    book_of,
+    claim_lost,
+    claimable,
+    entry_changes,
+    entry_record,
+    entry_row,
+    import_conflict,
+    import_taken,
+    learning_status_of,
+    lease_free,
+    pending_count,
+    queue_task,
+    queued_tasks,
+    take_claim,
     approval_data,
     approval_record,
     check_decisions,
@@ -231,6 +259,23 @@ def _m009_client_tool_calls(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE task_approvals ADD COLUMN output TEXT")
 
 
+def _m014_profile_entries(db: sqlite3.Connection) -> None:
+    _script(db, PROFILE_ENTRIES_TABLE)  # (its columns, and why: storage/base.py)
+    # Profiles learned before entries existed: their values become entries without sources.
+    rows = db.execute("SELECT user_id, profile_data FROM user_profiles").fetchall()
+    for user_id, text in rows:
+        try:
+            book = ProfileBook.adopt(decode_profile(text, user_id))
+        except CorruptDataError:
+            continue  # reported when it is read; a change then adopts what it holds
+        db.executemany(f"INSERT INTO profile_entries ({ENTRY_COLUMNS}) VALUES "
+                       f"({', '.join('?' * 15)})", [entry_row(e) for e in book.added])
+
+
+def _m015_learning_queue(db: sqlite3.Connection) -> None:
+    _script(db, LEARNING_QUEUE_TABLE)  # (its columns, and why: storage/base.py)
+
+
 def _script(db: sqlite3.Connection, sql: str) -> None:
     # executescript() would COMMIT first; a migration must stay inside its transaction.
     statement = ""
@@ -358,6 +403,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
     ("m011_conversation_turns", _m011_conversation_turns),
     ("m012_leases_as_rows", _m012_leases_as_rows),
     ("m013_row_level_security", _m013_row_level_security),
+    ("m014_profile_entries", _m014_profile_entries),
+    ("m015_learning_queue", _m015_learning_queue),
 )
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
@@ -892,9 +939,12 @@ class SQLiteStore:
             if batch.messages:
                 _append(db, batch, stamp)
             if batch.profile is not None:
-                _put_profile(db, batch.profile, stamp)
+                given = batch.profile
+                _change_profile(db, batch.user_id, lambda book: book.take(given), stamp)
             if batch.approvals or batch.settled:
                 _record_approvals(db, batch, stamp)
+            if batch.complete and batch.learn:
+                _queue_learning(db, batch, stamp)
             if batch.complete:
                 db.execute("DELETE FROM task_workspaces WHERE task_id = ?", (batch.task_id,))
             elif batch.workspace is not None:
@@ -962,46 +1012,158 @@ class SQLiteStore:
     async def update_profile(
         self, user_id: str, apply: Callable[[Profile], None], *, generation: int | None = None
     ) -> Profile:
-        def work(db: sqlite3.Connection) -> Profile:
+        book = await self.change_profile(user_id, lambda book: book.edit(apply),
+                                          generation=generation)
+        return book.profile
+
+    async def change_profile(
+        self, user_id: str, change: Callable[[ProfileBook], Any], *,
+        generation: int | None = None, claim: LearningClaim | None = None,
+    ) -> ProfileBook:
+        def work(db: sqlite3.Connection) -> ProfileBook:
             # BEGIN IMMEDIATE orders this write against forget_user's: read inside it.
             if generation is not None and _generation(db, user_id) != generation:
                 raise ForgottenError(user_id)
-            row = db.execute(
-                "SELECT profile_data FROM user_profiles WHERE user_id = ?", (user_id,)
-            ).fetchone()
-            profile = Profile(user_id) if row is None else decode_profile(row[0], user_id)
-            apply(profile)
-            try:
-                profile.enforce_bounds()
-                _put_profile(db, profile, _time.now().isoformat())
-            except (TypeError, ValueError, AttributeError, RecursionError) as exc:
-                raise UsageError(
-                    f"the profile of {user_id!r} cannot be stored after this update ({exc}); "
-                    "keep each field's type (lists of strings, dicts of JSON values, strings)"
-                ) from exc
-            return profile
+            queued = _claimed(db, claim) if claim is not None else None
+            book = _change_profile(db, user_id, change, _time.now().isoformat())
+            if claim is not None and queued is not None:
+                _finish_claim(db, claim, queued, _time.now().isoformat())
+            return book
 
         return await self._run(self._write(work))
 
-    async def forget_user(self, user_id: str) -> None:
-        def work(db: sqlite3.Connection) -> None:
+    async def load_entries(self, user_id: str, *, history: bool = False) -> list[ProfileEntry]:
+        return await self._run(lambda db: _entries(db, user_id, history=history))
+
+    async def forget_user(self, user_id: str) -> ForgetReceipt:
+        def work(db: sqlite3.Connection) -> ForgetReceipt:
+            receipt = ForgetReceipt(user_id, 0)
+            queued = db.execute("SELECT tasks, claimed FROM learning_queue WHERE user_id = ?",
+                                (user_id,)).fetchone()
+            receipt.pending_learning = pending_count(*queued, user_id=user_id) if queued else 0
+            db.execute("DELETE FROM learning_queue WHERE user_id = ?", (user_id,))
+            receipt.entries = db.execute(
+                "DELETE FROM profile_entries WHERE user_id = ? AND superseded_at IS NULL",
+                (user_id,)).rowcount
+            receipt.history = db.execute(
+                "DELETE FROM profile_entries WHERE user_id = ?", (user_id,)).rowcount
+            receipt.approvals = db.execute(
+                "DELETE FROM task_approvals WHERE user_id = ?", (user_id,)).rowcount
             # Messages and workspaces go with their conversations (ON DELETE CASCADE); the
-            # explicit deletes also cover rows written before the cascades existed.
-            db.execute(
+            # explicit deletes also cover rows written before the cascades existed, and count.
+            receipt.messages = db.execute(
                 "DELETE FROM conversation_messages WHERE conversation_id IN "
                 "(SELECT conversation_id FROM conversations WHERE user_id = ?)",
                 (user_id,),
-            )
-            db.execute("DELETE FROM task_workspaces WHERE user_id = ?", (user_id,))
+            ).rowcount
+            receipt.tasks = db.execute(
+                "DELETE FROM task_workspaces WHERE user_id = ?", (user_id,)).rowcount
             db.execute("DELETE FROM conversation_runs WHERE user_id = ?", (user_id,))
-            db.execute("DELETE FROM conversations WHERE user_id = ?", (user_id,))
-            db.execute("DELETE FROM user_profiles WHERE user_id = ?", (user_id,))
+            receipt.conversations = db.execute(
+                "DELETE FROM conversations WHERE user_id = ?", (user_id,)).rowcount
+            receipt.profiles = db.execute(
+                "DELETE FROM user_profiles WHERE user_id = ?", (user_id,)).rowcount
             db.execute("DELETE FROM idempotency_keys WHERE user_id = ?", (user_id,))
             db.execute(
                 "INSERT INTO user_generations (user_key, generation) VALUES (?, 1) "
                 "ON CONFLICT(user_key) DO UPDATE SET generation = generation + 1",
                 (generation_key(user_id),),
             )
+            receipt.generation = _generation(db, user_id)
+            self._windows.clear()
+            return receipt
+
+        return await self._run(self._write(work))
+
+    # -- learning as durable work ---------------------------------------------------------
+
+    async def claim_learning(
+        self, holder: str, *, user_id: str | None = None, limit: int = 1,
+        batch: int = LEARN_BATCH, lease: float = LEARN_LEASE,
+    ) -> list[LearningClaim]:
+        def work(db: sqlite3.Connection) -> list[LearningClaim]:
+            now = _time.now()
+            stamp = now.isoformat()
+            until = (now + timedelta(seconds=lease)).isoformat()
+            sql = ("SELECT user_id, tasks, claimed, dropped, attempts, holder, lease_until "
+                   "FROM learning_queue WHERE next_attempt_at <= ?")
+            params: list[Any] = [stamp]
+            if user_id is not None:
+                sql += " AND user_id = ?"
+                params.append(user_id)
+            claims: list[LearningClaim] = []
+            for user, tasks, claimed, dropped, attempts, held_by, lease_until in db.execute(
+                    sql + " ORDER BY next_attempt_at LIMIT ?", (*params, limit + 50)
+            ).fetchall():
+                if not claimable(held_by, lease_until, holder, stamp):
+                    continue
+                taken, left = take_claim(queued_tasks(tasks, user), queued_tasks(claimed, user),
+                                         batch)
+                db.execute("UPDATE learning_queue SET tasks = ?, claimed = ?, holder = ?, "
+                           "lease_until = ? WHERE user_id = ?",
+                           (dumps(left), dumps(taken), holder, until, user))
+                claims.append(LearningClaim(user, holder, taken, attempts, dropped))
+                if len(claims) >= limit:
+                    break
+            return claims
+
+        return await self._run(self._write(work))
+
+    async def release_learning(
+        self, claim: LearningClaim, *, error: str | None = None,
+        retry_at: datetime | None = None,
+    ) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT tasks, claimed FROM learning_queue WHERE user_id = ? "
+                             "AND holder = ?", (claim.user_id, claim.holder)).fetchone()
+            if row is None:
+                return  # no longer held: nothing of it is ours
+            tasks = [*queued_tasks(row[1], claim.user_id), *queued_tasks(row[0], claim.user_id)]
+            db.execute(
+                "UPDATE learning_queue SET tasks = ?, claimed = '[]', holder = NULL, "
+                "lease_until = NULL, attempts = attempts + ?, last_error = COALESCE(?, "
+                "last_error), next_attempt_at = ?, updated_at = ? WHERE user_id = ?",
+                (dumps(tasks), 1 if error is not None else 0, error,
+                 (retry_at or _time.now()).isoformat(), _time.now().isoformat(),
+                 claim.user_id),
+            )
+
+        await self._run(self._write(work))
+
+    async def learning_status(self, user_id: str) -> LearningStatus | None:
+        def work(db: sqlite3.Connection) -> LearningStatus | None:
+            row = db.execute(
+                "SELECT tasks, claimed, dropped, attempts, last_error, next_attempt_at, holder, "
+                "lease_until, created_at FROM learning_queue WHERE user_id = ?", (user_id,)
+            ).fetchone()
+            return None if row is None else learning_status_of(row, user_id,
+                                                                 _time.now().isoformat())
+
+        return await self._run(work)
+
+    async def prune_history(self, before: datetime, user_id: str | None = None) -> int:
+        sql = ("DELETE FROM profile_entries WHERE superseded_at IS NOT NULL "
+               "AND superseded_at < ?")
+        params: tuple[Any, ...] = (before.isoformat(),)
+        if user_id is not None:
+            sql, params = sql + " AND user_id = ?", (*params, user_id)
+        return await self._run(self._write(lambda db: db.execute(sql, params).rowcount))
+
+    # -- export and import ----------------------------------------------------------------
+
+    async def export_user(self, user_id: str) -> UserData:
+        def work(db: sqlite3.Connection) -> UserData:
+            db.execute("BEGIN")  # one snapshot of everything
+            try:
+                return _export(db, user_id)
+            finally:
+                db.execute("COMMIT")
+
+        return await self._run(work)
+
+    async def import_user(self, data: UserData) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            _import(db, data, _time.now().isoformat())
             self._windows.clear()
 
         await self._run(self._write(work))
@@ -1275,6 +1437,166 @@ def _put_profile(db: sqlite3.Connection, profile: Profile, stamp: str) -> None:
         "updated_at = excluded.updated_at",
         (profile.user_id, dumps(profile.to_dict()), stamp),
     )
+
+
+def _change_profile(db: sqlite3.Connection, user_id: str,
+                    change: Callable[[ProfileBook], Any], stamp: str) -> ProfileBook:
+    """Read the profile and its current entries, apply ``change``, write what it changed:
+    the one place that writes ``profile_entries`` and ``profile_data`` together."""
+    row = db.execute(
+        "SELECT profile_data FROM user_profiles WHERE user_id = ?", (user_id,)
+    ).fetchone()
+    book = book_of(None if row is None else decode_profile(row[0], user_id), user_id,
+                   _entries(db, user_id))
+    change(book)
+    _put_profile(db, book.finish(), stamp)
+    db.executemany(f"INSERT INTO profile_entries ({ENTRY_COLUMNS}) VALUES "
+                   f"({', '.join('?' * 15)})", [entry_row(e) for e in book.added])
+    db.executemany(
+        "UPDATE profile_entries SET " + ENTRY_UPDATE.format(*"???????")
+        + " WHERE entry_id = ? AND user_id = ?",
+        [entry_changes(e) for e in book.changed.values()],
+    )
+    return book
+
+
+def _entries(db: sqlite3.Connection, user_id: str, *, history: bool = False
+             ) -> list[ProfileEntry]:
+    if history:
+        sql = " WHERE user_id = ? ORDER BY created_at, rank"
+    else:
+        sql = " WHERE user_id = ? AND superseded_at IS NULL ORDER BY rank"
+    return [entry_record(row) for row in
+            db.execute(f"SELECT {ENTRY_COLUMNS} FROM profile_entries" + sql, (user_id,))]
+
+
+def _queue_learning(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
+    """Queue the completed task for learning: one row per user, its tasks bounded."""
+    row = db.execute("SELECT tasks, claimed FROM learning_queue WHERE user_id = ?",
+                     (batch.user_id,)).fetchone()
+    tasks, over = queue_task(
+        [] if row is None else queued_tasks(row[0], batch.user_id),
+        [] if row is None else queued_tasks(row[1], batch.user_id), batch, stamp)
+    # A new task makes the user's learning due now, also after failures (as each new
+    # interaction did before learning was durable): at most one attempt per interaction.
+    db.execute(
+        "INSERT INTO learning_queue (user_id, tasks, dropped, next_attempt_at, created_at, "
+        "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(user_id) DO UPDATE SET "
+        "tasks = excluded.tasks, dropped = dropped + excluded.dropped, "
+        "next_attempt_at = excluded.next_attempt_at, updated_at = excluded.updated_at",
+        (batch.user_id, dumps(tasks), over, stamp, stamp, stamp),
+    )
+
+
+def _claimed(db: sqlite3.Connection, claim: LearningClaim) -> list[dict[str, Any]]:
+    """What stays queued besides a claim this holder still holds; else ``ClaimLostError``."""
+    row = db.execute("SELECT tasks, holder FROM learning_queue WHERE user_id = ?",
+                     (claim.user_id,)).fetchone()
+    if row is None or row[1] != claim.holder:
+        raise claim_lost(claim)
+    return queued_tasks(row[0], claim.user_id)
+
+
+def _finish_claim(db: sqlite3.Connection, claim: LearningClaim,
+                  queued: list[dict[str, Any]], stamp: str) -> None:
+    if not queued:
+        db.execute("DELETE FROM learning_queue WHERE user_id = ?", (claim.user_id,))
+        return
+    db.execute(
+        "UPDATE learning_queue SET claimed = '[]', holder = NULL, lease_until = NULL, "
+        "attempts = 0, last_error = NULL, dropped = 0, next_attempt_at = ?, updated_at = ? "
+        "WHERE user_id = ?",
+        (stamp, stamp, claim.user_id),
+    )
+
+
+def _export(db: sqlite3.Connection, user_id: str) -> UserData:
+    row = db.execute("SELECT profile_data FROM user_profiles WHERE user_id = ?",
+                     (user_id,)).fetchone()
+    conversations = []
+    for record in map(conversation_record, db.execute(
+            "SELECT conversation_id, user_id, conversation_data, message_count, updated_at "
+            "FROM conversations WHERE user_id = ? ORDER BY updated_at, conversation_id",
+            (user_id,)).fetchall()):
+        messages = [_message(m) for m in db.execute(
+            _SELECT_MESSAGES + " ORDER BY seq", (record.conversation_id,))]
+        conversations.append(ConversationData(record.conversation_id, record.data,
+                                              record.updated_at, messages))
+    tasks = [task_record(r) for r in db.execute(
+        _TASK_COLUMNS + " WHERE user_id = ? ORDER BY updated_at, task_id", (user_id,))]
+    approvals = _approvals(db, [task.task_id for task in tasks])
+    queued = db.execute("SELECT claimed, tasks FROM learning_queue WHERE user_id = ?",
+                        (user_id,)).fetchone()
+    return UserData(
+        user_id, None if row is None else decode_profile(row[0], user_id),
+        _entries(db, user_id, history=True), conversations,
+        [TaskData(t.task_id, t.conversation_id, t.query, t.workspace, t.settings, t.version,
+                  t.updated_at, approvals.get(t.task_id, [])) for t in tasks],
+        [] if queued is None else [*queued_tasks(queued[0], user_id),
+                                   *queued_tasks(queued[1], user_id)],
+    )
+
+
+def _import(db: sqlite3.Connection, data: UserData, stamp: str) -> None:
+    user = data.user_id
+    if db.execute("SELECT 1 FROM user_profiles WHERE user_id = ? UNION ALL "
+                  "SELECT 1 FROM conversations WHERE user_id = ?", (user, user)).fetchone():
+        raise import_conflict(user, "the store already holds data of this user")
+    # Ids are unique across the store's users, and this user holds nothing: an id found is
+    # another user's.
+    for conversation in data.conversations:
+        if _conversation_owner(db, conversation.conversation_id) is not None:
+            raise import_taken(user, "conversation", conversation.conversation_id)
+    for task in data.tasks:
+        if db.execute("SELECT 1 FROM task_workspaces WHERE task_id = ?",
+                      (task.task_id,)).fetchone():
+            raise import_taken(user, "task", task.task_id)
+    profile = data.profile or Profile(user)
+    _put_profile(db, profile, stamp)
+    try:
+        db.executemany(f"INSERT INTO profile_entries ({ENTRY_COLUMNS}) VALUES "
+                       f"({', '.join('?' * 15)})", [entry_row(e) for e in data.entries])
+    except sqlite3.IntegrityError as exc:
+        raise import_taken(user, "profile entry", None) from exc
+    for conversation in data.conversations:
+        db.execute(
+            "INSERT INTO conversations (conversation_id, user_id, conversation_data, updated_at, "
+            "message_count, turns_digest) VALUES (?, ?, ?, ?, ?, ?)",
+            (conversation.conversation_id, user, dumps(conversation.data),
+             (conversation.updated_at.isoformat() if conversation.updated_at else stamp),
+             len(conversation.messages), conversation.turns_digest()),
+        )
+        db.executemany(
+            "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
+            "tokens, created_at, message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(conversation.conversation_id, seq, m["role"], m["content"], m.get("task_id"),
+              m.get("tokens", 0), m.get("created_at") or stamp, m.get("id"))
+             for seq, m in enumerate(conversation.messages, start=1)],
+        )
+    for task in data.tasks:
+        db.execute(
+            "INSERT INTO task_workspaces (task_id, user_id, conversation_id, query, "
+            "workspace_data, version, updated_at, epoch, settings) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)",
+            (task.task_id, user, task.conversation_id, task.query, dumps(task.workspace),
+             task.version, task.updated_at.isoformat() if task.updated_at else stamp,
+             dumps(task.settings)),
+        )
+        db.executemany(
+            "INSERT INTO task_approvals (task_id, call_id, user_id, position, call_data, "
+            "status, created_at, decided_at, decider, output) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(task.task_id, call["id"], user, position, approval_data(call), call["status"],
+              call.get("created_at") or stamp, call.get("decided_at"),
+              call.get("decider", "person"), call.get("output"))
+             for position, call in enumerate(task.approvals, start=1)],
+        )
+    if data.learning:
+        db.execute(
+            "INSERT INTO learning_queue (user_id, tasks, next_attempt_at, created_at, "
+            "updated_at) VALUES (?, ?, ?, ?, ?)",
+            (user, dumps(data.learning), stamp, stamp, stamp),
+        )
 
 
 def _conversation_owner(db: sqlite3.Connection, conversation_id: str) -> str | None:

@@ -78,6 +78,29 @@ def remove_user_directory(root: str | os.PathLike[str], user_id: str) -> Path | 
     )
 
 
+def remove_user_directories(roots: Iterable[str | os.PathLike[str]], user_id: str
+                            ) -> tuple[str | None, int]:
+    """Delete ``user_id``'s directory under each of ``roots``: the paths deleted (joined by
+    ``os.pathsep``; ``None``: there was none) and how many files and directories they held
+    (what a forget's receipt says of them)."""
+    paths, held = [], 0
+    for root in roots:
+        path = user_directory(root, user_id)
+        count = _entries(path)
+        if remove_user_directory(root, user_id) is not None:
+            paths.append(str(path))
+            held += count
+    return (os.pathsep.join(paths) or None), held
+
+
+def _entries(path: Path) -> int:
+    """Files and directories under ``path`` (symlinks counted, never followed)."""
+    try:
+        return sum(len(dirs) + len(files) for _, dirs, files in os.walk(path))
+    except OSError:
+        return 0
+
+
 class Rooms:
     """An agent's tools, each confined to the running user's own directory under its root
     (tools without a root are shared as they are). ``prepare`` is called with each user's
@@ -112,8 +135,7 @@ class Rooms:
             self._cache.move_to_end(user_id)
         return tools
 
-    def remove(self, user_id: str) -> list[Path]:
-        """Delete the user's directories; the paths that existed."""
+    def forget(self, user_id: str) -> None:
+        """Drop the user's tools (their directories are deleted by
+        :func:`remove_user_directories`, under :attr:`roots`)."""
         self._cache.pop(user_id, None)
-        return [path for root in self.roots
-                if (path := remove_user_directory(root, user_id)) is not None]

@@ -321,11 +321,133 @@ $("new-chat").addEventListener("click", () => {
   markCurrent();
 });
 
-$("show-profile").addEventListener("click", async () => {
+// -- the profile: each entry with "why?" (its sources), edit and remove; history; export ----
+
+function entryName(entry) {
+  return entry.key ? entry.field + "." + entry.key : entry.field;
+}
+
+function day(text) { return String(text || "").slice(0, 10); }
+
+function button(label, cls, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.className = cls;
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function why(entry) {
+  const box = document.createElement("div");
+  box.className = "why";
+  const lines = [];
+  if (!entry.sources.length) {
+    lines.push(entry.origin === "user" ? "you set this yourself on " + day(entry.created_at)
+      : "learned before sources were kept");
+  }
+  for (const source of entry.sources) {
+    lines.push(day(source.at) + " · task " + (source.task_id || "?") + " · " +
+      (source.model || "unknown model"));
+    for (const quote of source.quotes || []) {
+      lines.push("    " + quote.role + ": \u201c" + clip(quote.content, 300) + "\u201d");
+    }
+    if (source.quotes && !source.quotes.length) lines.push("    (its messages are no longer stored)");
+  }
+  if (entry.sources_omitted) lines.push("… and " + entry.sources_omitted + " older sources");
+  box.textContent = lines.join("\n");
+  return box;
+}
+
+async function showProfile() {
+  const list = $("entries");
   try {
-    const data = await (await api("GET", "/api/profile")).json();
-    $("profile").textContent = data.profile ? JSON.stringify(data.profile, null, 2)
-      : "nothing is known of you";
+    const [profile, entries] = await Promise.all([
+      api("GET", "/api/profile").then((r) => r.json()),
+      api("GET", "/api/profile/why").then((r) => r.json()),
+    ]);
+    list.textContent = "";
+    $("profile").textContent = entries.length ? "" : "nothing is known of you";
+    const learning = profile.learning;
+    $("learning").textContent = !learning ? "" :
+      learning.pending + " finished task(s) wait to be learned" +
+      (learning.attempts ? "; the last attempt failed: " + (learning.last_error || "?") : "");
+    for (const entry of entries) {
+      const item = document.createElement("li");
+      item.className = "entry";
+      item.dataset.entry = entry.entry_id;
+      const text = document.createElement("span");
+      text.className = "entry-text";
+      text.textContent = entryName(entry) + ": " + entry.value;
+      const how = document.createElement("span");
+      how.className = "entry-how";
+      how.textContent = entry.origin === "user" ? " (yours)" : " (learned " + day(entry.created_at) + ")";
+      item.append(text, how);
+      item.append(button("why?", "why-button", () => {
+        const open = item.querySelector(".why");
+        if (open) open.remove(); else item.appendChild(why(entry));
+      }));
+      item.append(button("edit", "edit-button", async () => {
+        const value = prompt("New value for " + entryName(entry), entry.value);
+        if (value === null || !value.trim()) return;
+        await change(() => api("POST", "/api/profile/entries", {
+          field: entry.field, key: entry.key || null, value, replaces: entry.entry_id,
+        }));
+      }));
+      item.append(button("remove", "remove-button", async () => {
+        if (!confirm("Remove " + entryName(entry) + "? It stays in the history.")) return;
+        await change(() => api("DELETE", "/api/profile/entries/" + encodeURIComponent(entry.entry_id)));
+      }));
+      list.appendChild(item);
+    }
+  } catch (error) {
+    $("profile").textContent = "error: " + error.message;
+  }
+}
+
+async function change(request) {
+  try {
+    await request();
+  } catch (error) {
+    $("profile").textContent = "error: " + error.message;
+    return;
+  }
+  await showProfile();
+}
+
+$("show-profile").addEventListener("click", showProfile);
+
+$("add-entry").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const field = $("entry-field").value;
+  const value = $("entry-value").value.trim();
+  const key = $("entry-key").value.trim();
+  if (!value) return;
+  await change(() => api("POST", "/api/profile/entries", { field, value, key: key || null }));
+  $("entry-value").value = "";
+  $("entry-key").value = "";
+});
+
+$("show-history").addEventListener("click", async () => {
+  try {
+    const old = await (await api("GET", "/api/profile/history")).json();
+    $("profile").textContent = old.length ? old.map((entry) =>
+      day(entry.superseded_at) + "  " + entryName(entry) + ": " + entry.value + "  (" +
+      entry.reason + ")").join("\n") : "no history";
+  } catch (error) {
+    $("profile").textContent = "error: " + error.message;
+  }
+});
+
+$("export").addEventListener("click", async () => {
+  try {
+    const text = await (await api("GET", "/api/profile/export")).text();
+    const link = document.createElement("a");
+    const url = URL.createObjectURL(new Blob([text], { type: "application/json" }));
+    link.href = url;
+    link.download = "cogency-export.json";
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
   } catch (error) {
     $("profile").textContent = "error: " + error.message;
   }
@@ -334,10 +456,14 @@ $("show-profile").addEventListener("click", async () => {
 $("forget").addEventListener("click", async () => {
   if (!confirm("Forget everything known of you: profile, conversations and tasks?")) return;
   try {
-    await api("DELETE", "/api/profile");
+    const receipt = await (await api("DELETE", "/api/profile")).json();
     setConversation(null);
     $("log").textContent = "";
-    $("profile").textContent = "forgotten";
+    $("entries").textContent = "";
+    $("learning").textContent = "";
+    const erased = Object.entries(receipt.erased).map(([kind, n]) => kind.replace("_", " ") + " " + n);
+    if (receipt.tool_directory) erased.push("tool files " + receipt.tool_files);
+    $("profile").textContent = "forgotten: " + erased.join(", ");
     listConversations();
   } catch (error) {
     $("profile").textContent = "error: " + error.message;
