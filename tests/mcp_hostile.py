@@ -4,7 +4,7 @@ bench/bench_mcp_stall.py.
 ``python mcp_hostile.py SPEC`` where SPEC is JSON, every key optional::
 
     {"tools": {NAME: SCHEMA_SPEC}, "results": {NAME: RESULT_SPEC},
-     "output": {NAME: SCHEMA_SPEC}, "order": "head" | "tail" | "lost",
+     "output": {NAME: SCHEMA_SPEC}, "describe": N, "order": "head" | "tail" | "lost",
      "hang": false, "log": PATH, "spawn": false}
 
 Each spec is ``[KIND, ARG...]``, built here so that a few bytes make a schema or a result of
@@ -21,7 +21,7 @@ any size:
   (structuredContent: N arrays 8 deep, the costliest to parse); ``["numbers", N]``;
   ``["structured", VALUE]``. Other tools answer "NAME ok (pid PID)".
 
-``output`` gives tools an ``outputSchema``. ``order`` puts a response's ``id`` before (head)
+``output`` gives tools an ``outputSchema``; ``describe`` adds N sentences to each description. ``order`` puts a response's ``id`` before (head)
 or after (tail) its ``result``, as the Python and TypeScript SDKs do, or after another key
 (lost). ``hang`` never answers the handshake; ``log`` gets one line per start; ``spawn`` adds
 a tool that starts grandchildren out of the server's session and group (one with no
@@ -82,7 +82,9 @@ def result(spec):
 
 
 def tools(spec):
-    listed = [{"name": name, "description": f"The {name} tool.", "inputSchema": schema(kind)}
+    words = spec.get("describe", 0)
+    listed = [{"name": name, "inputSchema": schema(kind),
+               "description": f"The {name} tool." + " It does things." * words}
               for name, kind in spec.get("tools", {"say": ["plain"]}).items()]
     for item in listed:
         if item["name"] in spec.get("output", {}):

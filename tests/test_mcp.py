@@ -429,7 +429,7 @@ async def test_a_hostile_schema_is_left_out_and_checking_arguments_is_bounded(
     assert f"- wide(): UNAVAILABLE: {refused}" in llm.calls[0][0]["content"]
     assert any(refused in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     assert ("tool 'checks': checking these arguments against the MCP server's schema took over "
-            "10,000 steps (MAX_VALIDATION_STEPS), so the call was not made") in \
+            "5,000 steps (MAX_VALIDATION_STEPS), so the call was not made") in \
         llm.calls[1][-1]["content"]
     rows = {m["name"]: m for role, m in stored(db, result.conversation_id) if role == "tool"}
     assert not rows["wide"]["ok"] and refused in rows["wide"]["error"]

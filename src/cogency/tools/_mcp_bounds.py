@@ -35,7 +35,7 @@ MAX_SCHEMA_NODES = 5_000
 """Nodes (values and keys) of one tool's input schema once its ``$ref``s are inlined."""
 MAX_SERVER_SCHEMA_NODES = 20_000
 """Nodes of all of one server's tool schemas together."""
-MAX_VALIDATION_STEPS = 10_000
+MAX_VALIDATION_STEPS = 5_000
 """Keyword checks (an ``enum`` costs its length) spent on one call's arguments."""
 MAX_DEPTH = 8
 """Levels of schemas nested in schemas inlined; deeper ones become ``{}`` (any value), as

@@ -429,7 +429,8 @@ class MCPServer:
         async def refuse(**_: Any) -> str:
             raise ToolError(error)
 
-        return Tool(name=name, description=f"UNAVAILABLE: {error}", parameters={"type": "object"},
+        return Tool(name=name, description=f"UNAVAILABLE: {error}",
+                    parameters={"type": "object", "properties": {}, "additionalProperties": False},
                     func=refuse, needs_approval=False)
 
     def _caller(self, remote_name: str) -> Any:
