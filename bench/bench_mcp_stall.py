@@ -53,8 +53,8 @@ def cases() -> dict[str, dict[str, Any]]:
     per_server = bounds.MAX_SERVER_SCHEMA_NODES // (4 * flat + 7)
     bad = {"x": 5}  # fails every branch: the most checking
     return {
-        "wide $ref/anyOf (100 x 6)": {
-            "tools": {"wide": ["wide", 100, 6]}, "call": "wide", "args": bad},
+        "wide $ref/anyOf (100 x 6)": {  # left out: the model calls what stands in for it
+            "tools": {"wide": ["wide", 100, 6]}, "call": "wide", "args": {}},
         "deep $ref/anyOf (2 x 40)": {
             "tools": {"deep": ["deep", 40]}, "call": "deep", "args": bad},
         "wide $ref/anyOf at the node budget": {
@@ -186,6 +186,7 @@ async def run_case(spec: dict[str, Any]) -> None:
             with GarbageWatch() as collector:
                 async with StallWatch() as watch:
                     tools = await server.list_tools()
+                    await asyncio.sleep(0.005)  # a stall at the very end is seen too
             unavailable = [t.name for t in tools if t.description.startswith("UNAVAILABLE")]
             listed = (f"{len(tools) - len(unavailable)} tools"
                       + (f", {len(unavailable)} refused" if unavailable else ""))
@@ -199,6 +200,7 @@ async def run_case(spec: dict[str, Any]) -> None:
             with GarbageWatch() as collector:
                 async with StallWatch() as watch:
                     result = await agent.run("call it", user_id="bench")
+                    await asyncio.sleep(0.005)
             rows = await store.load_messages(result.conversation_id, "bench")
             outcome = _outcome(llm.calls, rows)
             print(json.dumps({"phase": "call", "stall": watch.worst, "gc": collector.worst,

@@ -361,29 +361,38 @@ async def test_a_server_whose_call_timed_out_is_replaced_for_the_next_call(db_pa
         os.kill(old_pid, 0)
 
 
-async def test_an_http_servers_reply_is_bounded_in_size(db_path, db):
+async def test_an_http_servers_reply_is_bounded_in_size_and_json_items(db_path, db):
     process = subprocess.Popen([sys.executable, str(TESTS / "mcp_http_stub.py")],
                                stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         port = int(process.stdout.readline())
         server = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="hostile", trusted=True)
-        llm = ScriptedLLM([step([call("bulk"), call("zipped")]), step([call("say")]),
-                           step(response="ok")])
+        llm = ScriptedLLM([step([call("bulk"), call("zipped")]),
+                           step([call("blocks"), call("sse_blocks")]),
+                           step([call("say"), call("sse_say")]), step(response="ok")])
         async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
             result = await agent.run("take the big replies")
     finally:
         process.terminate()
         process.wait(timeout=10)
     assert result.stop_reason == "completed" and result.response == "ok"
-    bulk, zipped, say = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+    bulk, zipped, blocks, sse_blocks, say, sse_say = [
+        m for role, m in stored(db, result.conversation_id) if role == "tool"]
     assert not bulk["ok"] and "MCP server 'hostile': bulk:" in bulk["error"]
     # Read up to the limit, not on to the end (64 MB), nor unpacked.
     assert "the reply is over 4194304 bytes (MAX_MESSAGE_BYTES); it was not read further" in \
         bulk["error"]
     assert not zipped["ok"] and "MCP server 'hostile': zipped:" in zipped["error"]
     assert "the reply is compressed (gzip), which was not asked for" in zipped["error"]
-    assert say["ok"] and say["output"] == "hello"  # the server is still usable after
+    # Few bytes, but more JSON items than MAX_MESSAGE_ITEMS: not parsed, as a JSON body and
+    # as an event of an event stream (that one answered as an error for its call).
+    over = "the server sent a message of over 40,000 JSON items (MAX_MESSAGE_ITEMS)"
+    assert not blocks["ok"] and over in blocks["error"]
+    assert sse_blocks["error"] == f"ToolError: MCP server 'hostile': sse_blocks: {over}; it " \
+        "was not read"
+    # The server is still usable after.
+    assert (say["output"], sse_say["output"]) == ("hello", "hello")
 
 
 # -- a hostile server's work is bounded (tests/mcp_hostile.py) ---------------------------------
@@ -521,29 +530,6 @@ async def test_hostile_results_are_refused_with_a_clear_tool_error(tmp_path, db_
     assert rows["say"]["ok"] and rows["lost_say"]["ok"]
     assert len(starts.read_text().split()) == 1  # refusing a result kept the server
     assert len((tmp_path / "lost.log").read_text().split()) == 2
-
-
-async def test_an_http_servers_messages_are_bounded_in_json_items(db_path, db):
-    process = subprocess.Popen([sys.executable, str(TESTS / "mcp_http_stub.py")],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        port = int(process.stdout.readline())
-        server = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="hostile", trusted=True)
-        llm = ScriptedLLM([step([call("blocks"), call("sse_blocks")]),
-                           step([call("say"), call("sse_say")]), step(response="ok")])
-        async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
-            result = await agent.run("take the replies")
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-    assert result.stop_reason == "completed"
-    blocks, sse_blocks, say, sse_say = [
-        m for role, m in stored(db, result.conversation_id) if role == "tool"]
-    over = "the server sent a message of over 40,000 JSON items (MAX_MESSAGE_ITEMS)"
-    assert not blocks["ok"] and over in blocks["error"]
-    assert not sse_blocks["ok"] and over in sse_blocks["error"]
-    assert (say["output"], sse_say["output"]) == ("hello", "hello")
 
 
 def test_json_items_is_exact_where_it_matters():

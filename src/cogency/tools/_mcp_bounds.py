@@ -69,7 +69,9 @@ def json_items(data: bytes, limit: int = MAX_MESSAGE_ITEMS) -> int:
     """
     if len(data) <= limit:
         return len(data)  # every item takes a byte: the bound is the length
-    plain = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    plain = data
+    if b"\\" in plain:  # a quick look (memchr) saves two passes over most messages
+        plain = plain.replace(b"\\\\", b"").replace(b'\\"', b"")
     marks = plain.translate(None, _NOT_MARKS)
     quotes = marks.count(b'"')
     strings = (quotes + 1) // 2

@@ -1,9 +1,11 @@
 """Tools from MCP servers: ``MCPServer(command=[...])`` or ``MCPServer(url=...)`` in ``Agent(tools=[...])``.
 
 Built on the official ``mcp`` SDK (extra ``mcp``). An MCP server is hostile like any tool
-output: every message it sends is bounded in size, every start and call in time, its text is
-redacted and cut like other tool output, and its failures (it cannot start, dies mid-call,
-hangs, answers with an error) become tool errors that name the server, so the run goes on.
+output: every message it sends is bounded in size, every start and call in time, the work it
+makes this process do (parsing its messages, inlining its schemas, checking arguments against
+them) by the budgets of :mod:`._mcp_bounds`, its text is redacted and cut like other tool
+output, and its failures (it cannot start, dies mid-call, hangs, answers with an error)
+become tool errors that name the server, so the run goes on.
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ class MCPServer:
     - ``env``: a stdio server gets only ``HOME``, ``PATH``, ``USER``, ``SHELL``, ``TERM``,
       ``LOGNAME`` of this process's environment (never its API keys), plus ``env``.
     - ``timeout`` bounds each call (seconds); ``start_timeout`` the start and tool listing.
+      A failed start is tried again after START_BACKOFF (1 s), doubled after each failure in
+      a row up to START_BACKOFF_MAX (5 minutes); no run waits for another run's start.
     - ``prefix`` is put before each tool's name, for two servers with the same tool names.
     - ``trusted``: MCP tools need a person's approval before each call (``needs_approval``,
       decided by the agent's ``approve``) unless the server is trusted (``True``) or the tool
@@ -234,7 +238,9 @@ class MCPServer:
         """Stop the server (a stdio server's process is ended, with every process it
         started); never raises. Failed starts are forgotten."""
         starting, self._starting = self._starting, None
-        if starting is not None and not starting.done() and not starting.get_loop().is_closed():
+        if starting is not None and not starting.done() and (
+            starting.get_loop() is asyncio.get_running_loop()
+        ):
             starting.cancel()
             await asyncio.wait([starting])
         connection, self._connection = self._connection, None
@@ -593,8 +599,9 @@ async def _stdio(
     cwd: str | os.PathLike[str] | None,
 ) -> AsyncIterator[Any]:
     """The SDK's stdio transport, bounded: a message longer than MAX_MESSAGE_BYTES ends the
-    connection instead of filling memory, stderr is kept (its tail only) for error messages,
-    and the server's whole process group is stopped on the way out."""
+    connection instead of filling memory, one over the other budgets is refused before it is
+    parsed (:func:`_read_message`), stderr is kept (its tail only) for error messages, and
+    the server and every process it started are stopped on the way out."""
     import anyio
     from mcp.client.stdio import get_default_environment
     from mcp.shared.message import SessionMessage
