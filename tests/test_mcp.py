@@ -532,6 +532,21 @@ async def test_hostile_results_are_refused_with_a_clear_tool_error(tmp_path, db_
     assert len((tmp_path / "lost.log").read_text().split()) == 2
 
 
+def test_the_stall_benchmark_runs_its_hostile_cases():
+    # bench/bench_mcp_stall.py measures the stalls (not a test: timings); here it must run,
+    # and the hostile schema must be left out, as the benchmark reports.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_mcp_stall", "--quick", "--only", "100 x 6"],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(TESTS.parent / "src"), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "1 tools, 1 refused; tool error: ToolError: MCP server 'hostile': tool 'wide' has " \
+        "an input schema over 5,000 nodes" in done.stdout
+    assert "worst stall in this tree:" in done.stdout
+
+
 def test_json_items_is_exact_where_it_matters():
     from hypothesis import given, settings
     from hypothesis import strategies as st
