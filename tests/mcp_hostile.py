@@ -117,11 +117,16 @@ def spawn():
     return {"content": [{"type": "text", "text": json.dumps([kid.pid for kid in kids])}]}
 
 
+def handshake(params, name):
+    """The answer to ``initialize`` of a server that has tools (the other stubs use it too)."""
+    return {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
+            "capabilities": {"tools": {}}, "serverInfo": {"name": name, "version": "1"}}
+
+
 def answer(request):
     method, params = request["method"], request.get("params") or {}
     if method == "initialize":
-        return {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
-                "capabilities": {"tools": {}}, "serverInfo": {"name": "hostile", "version": "1"}}
+        return handshake(params, "hostile")
     if method == "tools/list":
         return {"tools": TOOLS}
     if method == "tools/call":

@@ -10,6 +10,8 @@ import gzip
 import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from mcp_hostile import handshake
+
 BIG = 64 * 1024 * 1024
 TOOLS = [{"name": name, "description": text, "inputSchema": {"type": "object"}}
          for name, text in [("bulk", "A 64 MB reply."), ("zipped", "A gzip bomb."),
@@ -20,8 +22,7 @@ TOOLS = [{"name": name, "description": text, "inputSchema": {"type": "object"}}
 def answer(request):
     method, params = request["method"], request.get("params") or {}
     if method == "initialize":
-        return {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
-                "capabilities": {"tools": {}}, "serverInfo": {"name": "hostile", "version": "1"}}
+        return handshake(params, "hostile")
     if method == "tools/list":
         return {"tools": TOOLS}
     return {"content": [{"type": "text", "text": "hello"}]}
