@@ -7,15 +7,17 @@ with every run of the process waiting. Each kind of work here has a budget, coun
 done, and stops at it:
 
 - a message: :data:`MAX_MESSAGE_ITEMS`, counted from its bytes before it is parsed
-  (:func:`json_items`, a few C-speed passes: ~10 ms for 4 MB), and
+  (:func:`json_items`, a few C-speed passes: 2 ms for 4 MB of text, more for 4 MB full of
+  escapes), and
   :data:`MAX_CONTENT_BLOCKS` per result (each block becomes a model object);
 - a tool's schema: :data:`MAX_SCHEMA_NODES` once its ``$ref``s are inlined
   (:func:`inline_refs` stops at the budget), :data:`MAX_SERVER_SCHEMA_NODES` for all of one
   server's tools (they are in every model call's step schema);
 - checking arguments: :data:`MAX_VALIDATION_STEPS` keyword checks (:func:`check_args`).
 
-The budgets admit every tool of the GitHub MCP server (117 tools, 6,288 schema nodes in all,
-354 in the largest; its listing is 14,509 items) and of the reference servers.
+The budgets admit every tool of the reference servers (tests/mcp_servers.py) and of the
+GitHub MCP server (measured on its published tool snapshots: 117 tools, 6,288 schema nodes
+in all, 354 in the largest; its listing is 14,509 items).
 """
 
 from __future__ import annotations
