@@ -465,6 +465,17 @@ async def test_a_hostile_schema_is_left_out_and_checking_arguments_is_bounded(
     assert check_args(checkable(parameters), {"x": {"v": "one"}})[0].message == \
         "'one' is not of type 'integer'"
 
+    # Each under its own budget, together over the server's: the tool that would pass it is
+    # left out, the others kept.
+    seven = hostile({"tools": {f"t{i}": ["wide", 5, 4] for i in range(7)}})  # 3,129 nodes each
+    try:
+        listed = {t.name: t.description for t in await seven.list_tools()}
+    finally:
+        await seven.aclose()
+    assert [name for name, text in listed.items() if text.startswith("UNAVAILABLE")] == ["t6"]
+    assert "tool 't6' would take its tools' schemas over 20,000 nodes in all " \
+           "(MAX_SERVER_SCHEMA_NODES)" in listed["t6"]
+
 
 async def test_the_budgets_admit_every_tool_of_the_reference_servers(npm_servers, tmp_path):
     from cogency.tools.mcp import MCPTool
