@@ -374,7 +374,7 @@ def _schema(given: Any, what: str) -> dict[str, Any]:
     if size > MAX_SCHEMA_BYTES:
         raise UsageError(f"{what} is {size:,} bytes, more than {MAX_SCHEMA_BYTES:,}")
     try:
-        schema = inline_refs(json.loads(dumps(given)))
+        schema, _ = inline_refs(json.loads(dumps(given)))
     except SchemaError as exc:
         raise UsageError(f"{what}: {exc}") from exc
     if len(dumps(schema)) > MAX_SCHEMA_BYTES:
