@@ -69,8 +69,8 @@ def cases() -> dict[str, dict[str, Any]]:
             "tools": {"enum": ["enum_items", 1, 99]}, "call": "enum",
             "args": {"x": [98] * _largest(lambda n: _checks(["enum_items", 1, 99], 98, n))}},
         "16 calls (a step's most), each at the step budget": {
-            "tools": {"either": ["either"]}, "call": "either", "times": 16,
-            "args": {"x": ["a"] * _largest(lambda n: _checks(["either"], "a", n))}},
+            "tools": {"either": ["either", 1_000]}, "call": "either", "times": 16,
+            "args": {"x": ["a"] * _largest(lambda n: _checks(["either", 1_000], "a", n))}},
         "a pattern the regex compiler multiplies": {
             "tools": {"copies": ["pattern", "(a{1000}){1000}"]}, "call": "copies",
             "args": {"x": ["a" * 1000]}},

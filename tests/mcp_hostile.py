@@ -15,8 +15,9 @@ any size:
   (two refs to the next at each level: 2**LEVELS checks for a value that fails them all);
   ``["flat", N]`` (an object of N string properties: 4N+7 nodes); ``["big_enum", N]``;
   ``["enum_items", OPTIONS, N]`` (an array whose items are any of OPTIONS enums of N values:
-  N * OPTIONS checks per item that matches none); ``["either"]`` (an array of integers or
-  strings: a string fails the first option, the costliest check); ``["pattern", PATTERN]`` (an array of
+  N * OPTIONS checks per item that matches none); ``["either", N]`` (an array whose
+  items are any of N integer options or a string: a string fails N options first, the
+  costliest check there is, with few bytes of arguments); ``["pattern", PATTERN]`` (an array of
   strings matching PATTERN); ``["patterns", N, CHARS]`` (N string properties, each with a
   pattern of its own of CHARS characters, matched by the property's number: ``00007``).
 - results: ``["text", BYTES]``; ``["blocks", N]`` (N one-character text blocks);
@@ -64,9 +65,10 @@ def schema(spec):
         options, count = args
         return {"type": "object", "properties": {"x": {"type": "array", "items": {
             "anyOf": [{"enum": list(range(count))}] * options}}}}
-    if kind == "either":  # an array whose items are integers or strings
+    if kind == "either":
+        (count,) = args
         return {"type": "object", "properties": {"x": {"type": "array", "items": {
-            "anyOf": [{"type": "integer"}, {"type": "string"}]}}}}
+            "anyOf": [{"type": "integer"}] * count + [{"type": "string"}]}}}}
     if kind == "pattern":
         (pattern,) = args
         return {"type": "object", "properties": {"x": {"type": "array", "items": {

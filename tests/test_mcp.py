@@ -577,6 +577,7 @@ async def test_patterns_are_checked_within_a_time_budget_and_never_multiplied(
             return engine.search(pattern, *args, **options)
 
     monkeypatch.setattr(schemas, "_regex", Spy())
+    schemas._compiled.cache_clear()  # what earlier tests compiled is compiled again here
     # "copies": 15 characters that regex's compiler would expand to a million nodes (0.6 s;
     # (a{10000}){10000} takes all the memory). "backtrack": exponential on "aaa…!".
     server = hostile({"tools": {"word": ["pattern", "^[a-z]+$"],
