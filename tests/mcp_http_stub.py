@@ -1,24 +1,28 @@
 """A hostile MCP server over streamable HTTP (plain JSON replies), for the size tests.
 
 Prints its port, then serves: ``bulk`` answers with a 64 MB JSON reply streamed without a
-length, ``zipped`` with a gzip reply (nobody asked for) that unpacks to 64 MB; ``say`` works.
+length, ``zipped`` with a gzip reply (nobody asked for) that unpacks to 64 MB; ``blocks``
+with 3.7 MB of 120,000 content blocks, ``sse_blocks`` with an event stream whose event holds
+30,000 (0.9 MB, under the SDK's 1 MB for an event); ``say`` and ``sse_say`` work.
 """
 
 import gzip
 import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from mcp_hostile import handshake
+
 BIG = 64 * 1024 * 1024
 TOOLS = [{"name": name, "description": text, "inputSchema": {"type": "object"}}
          for name, text in [("bulk", "A 64 MB reply."), ("zipped", "A gzip bomb."),
-                            ("say", "Say hello.")]]
+                            ("blocks", "150,000 blocks."), ("sse_blocks", "Blocks, streamed."),
+                            ("say", "Say hello."), ("sse_say", "Say hello, streamed.")]]
 
 
 def answer(request):
     method, params = request["method"], request.get("params") or {}
     if method == "initialize":
-        return {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
-                "capabilities": {"tools": {}}, "serverInfo": {"name": "hostile", "version": "1"}}
+        return handshake(params, "hostile")
     if method == "tools/list":
         return {"tools": TOOLS}
     return {"content": [{"type": "text", "text": "hello"}]}
@@ -37,20 +41,34 @@ class Handler(BaseHTTPRequestHandler):
                            "result": {"content": [{"type": "text", "text": ""}]}})
         start, end = head.encode().split(b'""')
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        json_type = ("Content-Type", "application/json")
         if name == "bulk":  # no length: the body ends when the connection does
+            self.send_header(*json_type)
             self.end_headers()
             self.wfile.write(start + b'"')
             for _ in range(BIG // 65536):
                 self.wfile.write(b"b" * 65536)
             self.wfile.write(b'"' + end)
             return
-        if name == "zipped":
+        if name in ("sse_blocks", "sse_say"):  # an event stream of one message
+            blocks = 30_000 if name == "sse_blocks" else 1
+            text = "hello" if name == "sse_say" else "b"
+            data = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {
+                "content": [{"type": "text", "text": text}] * blocks}})
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(f"event: message\ndata: {data}\n\n".encode())
+            return
+        if name == "blocks":
+            body = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {
+                "content": [{"type": "text", "text": "b"}] * 120_000}}).encode()
+        elif name == "zipped":
             body = gzip.compress(start + b'"' + b"z" * BIG + b'"' + end, compresslevel=9)
             self.send_header("Content-Encoding", "gzip")
         else:
             body = json.dumps({"jsonrpc": "2.0", "id": request["id"],
                                "result": answer(request)}).encode()
+        self.send_header(*json_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from mcp_hostile import handshake
+
 TOOLS = [
     {"name": "say", "description": "Say the text back.",
      "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}},
@@ -42,8 +44,7 @@ def send(message):
 def answer(request):
     method, params = request["method"], request.get("params") or {}
     if method == "initialize":
-        return {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
-                "capabilities": {"tools": {}}, "serverInfo": {"name": "stub", "version": "1"}}
+        return handshake(params, "stub")
     if method == "tools/list":
         return {"tools": TOOLS}
     if method == "tools/call":

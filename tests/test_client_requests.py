@@ -544,3 +544,45 @@ def test_schema_checks_are_bounded_in_work_and_time():
     with pytest.raises(SchemaViolation, match="must be list") as caught:
         validate("x", wide)  # fails at once: its message names the schema, briefly
     assert len(str(caught.value)) < 300
+
+
+def test_a_checks_patterns_share_one_time_limit(monkeypatch):
+    import types
+
+    import cogency._jsonschema as schemas
+
+    # A clock that moves 3 ms each time it is read: three reads a pattern.
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(schemas, "time", types.SimpleNamespace(
+        perf_counter=lambda: next(ticks) * 0.003))
+    word = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}}
+    with pytest.raises(schemas.TooCostly, match=r"value\[3\] could not be checked: its "
+                                                r"patterns need more than 20 ms"):
+        schemas.validate(["a", "b", "c", "d", "e"], word)  # 6 ms each: 20 ms is spent at d
+    schemas.validate(["a", "b", "c"], word)  # a new check, a new limit
+
+
+def test_the_validator_reads_the_keywords_of_other_drafts_and_huge_numbers():
+    from cogency._jsonschema import SchemaViolation, validate
+
+    named = {"type": "object", "patternProperties": {"^x_": {"type": "integer"}},
+             "additionalProperties": False}
+    validate({"x_a": 1, "x_b": 2}, named)  # matched by a pattern: not "additional"
+    with pytest.raises(SchemaViolation, match=r"value.x_a must be integer"):
+        validate({"x_a": "one"}, named)
+    with pytest.raises(SchemaViolation, match="has an unknown property 'y'"):
+        validate({"y": 1}, named)
+    pair = {"type": "array", "items": [{"type": "string"}, {"type": "integer"}],
+            "additionalItems": False}  # draft 7's tuple
+    validate(["a", 1], pair)
+    with pytest.raises(SchemaViolation, match=r"value\[1\] must be integer"):
+        validate(["a", "b"], pair)
+    with pytest.raises(SchemaViolation, match=r"value\[2\] is not allowed here"):
+        validate(["a", 1, 2], pair)
+    # Numbers past a float's range are JSON too (json.loads reads them): a clear violation,
+    # never an OverflowError.
+    with pytest.raises(SchemaViolation, match="must be at most 5, got an integer of 401 digits"):
+        validate(10 ** 400, {"maximum": 5})
+    validate(10 ** 400, {"multipleOf": 0.3})  # too large to tell: not refused
+    with pytest.raises(SchemaViolation, match=r"must be one of \"aaaa"):
+        validate("b", {"enum": ["a" * 10_000_000]})  # shown in a few characters

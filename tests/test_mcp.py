@@ -120,7 +120,7 @@ async def test_real_servers_tools_through_agent_run(npm_servers, tmp_path, db_pa
     assert "write_file(path: string, content: string)" in system
     assert "- shout(text: string)" in system
     # The bad call never reached the server: the schema check answered the model.
-    assert "args.a: 'two' is not of type 'number'" in llm.calls[1][-1]["content"]
+    assert "args.a must be number, got str 'two'" in llm.calls[1][-1]["content"]
 
     messages = stored(db, result.conversation_id)
     results = {m["name"]: m for role, m in messages if role == "tool"}
@@ -312,7 +312,7 @@ async def test_schemas_with_refs_are_inlined_for_the_model_and_checked_in_full(d
     # Embedded in a provider's structured-output schema, "#/$defs/..." would point elsewhere.
     assert "$ref" not in json.dumps(book.parameters)
     assert book.parameters["properties"]["room"]["properties"]["beds"]["minimum"] == 1
-    assert "args.room.beds: 0 is less than the minimum of 1" in llm.calls[1][-1]["content"]
+    assert "args.room.beds must be at least 1, got 0" in llm.calls[1][-1]["content"]
     assert result.stop_reason == "completed"
     outputs = [json.loads(c)["output"] for (c,) in db.execute(
         "SELECT content FROM conversation_messages WHERE role = 'tool' ORDER BY seq")]
@@ -361,26 +361,426 @@ async def test_a_server_whose_call_timed_out_is_replaced_for_the_next_call(db_pa
         os.kill(old_pid, 0)
 
 
-async def test_an_http_servers_reply_is_bounded_in_size(db_path, db):
+async def test_an_http_servers_reply_is_bounded_in_size_and_json_items(db_path, db):
     process = subprocess.Popen([sys.executable, str(TESTS / "mcp_http_stub.py")],
                                stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         port = int(process.stdout.readline())
         server = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="hostile", trusted=True)
-        llm = ScriptedLLM([step([call("bulk"), call("zipped")]), step([call("say")]),
-                           step(response="ok")])
+        llm = ScriptedLLM([step([call("bulk"), call("zipped")]),
+                           step([call("blocks"), call("sse_blocks")]),
+                           step([call("say"), call("sse_say")]), step(response="ok")])
         async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
             result = await agent.run("take the big replies")
     finally:
         process.terminate()
         process.wait(timeout=10)
     assert result.stop_reason == "completed" and result.response == "ok"
-    bulk, zipped, say = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+    bulk, zipped, blocks, sse_blocks, say, sse_say = [
+        m for role, m in stored(db, result.conversation_id) if role == "tool"]
     assert not bulk["ok"] and "MCP server 'hostile': bulk:" in bulk["error"]
     # Read up to the limit, not on to the end (64 MB), nor unpacked.
     assert "the reply is over 4194304 bytes (MAX_MESSAGE_BYTES); it was not read further" in \
         bulk["error"]
     assert not zipped["ok"] and "MCP server 'hostile': zipped:" in zipped["error"]
     assert "the reply is compressed (gzip), which was not asked for" in zipped["error"]
-    assert say["ok"] and say["output"] == "hello"  # the server is still usable after
+    # Few bytes, but more JSON items than MAX_MESSAGE_ITEMS: not parsed, as a JSON body and
+    # as an event of an event stream (that one answered as an error for its call).
+    over = "the server sent a message of over 40,000 JSON items (MAX_MESSAGE_ITEMS)"
+    assert not blocks["ok"] and over in blocks["error"]
+    assert sse_blocks["error"] == f"ToolError: MCP server 'hostile': sse_blocks: {over}; it " \
+        "was not read"
+    # The server is still usable after.
+    assert (say["output"], sse_say["output"]) == ("hello", "hello")
+
+
+# -- a hostile server's work is bounded (tests/mcp_hostile.py) ---------------------------------
+
+HOSTILE = TESTS / "mcp_hostile.py"
+
+
+def hostile(spec, name="hostile", **options):
+    options.setdefault("start_timeout", 20)
+    return MCPServer([sys.executable, str(HOSTILE), json.dumps(spec)], name=name, trusted=True,
+                     **options)
+
+
+async def test_a_hostile_schema_is_left_out_and_checking_arguments_is_bounded(
+        db_path, db, caplog):
+    from cogency._jsonschema import (
+        SchemaTooLarge,
+        SchemaViolation,
+        TooCostly,
+        inline_refs,
+        validate,
+    )
+    from cogency.tools._mcp_bounds import MAX_SCHEMA_NODES, MAX_VALIDATION_STEPS
+
+    # "wide": 3 kB whose refs multiply to 30**4 values once inlined (the code before these
+    # bounds inlined and checked it in full, on the event loop). "checks": 2,000 nodes, but
+    # each of 100 items costs its enum of 100 values: 10,000 checks. "deep": two refs a
+    # level, 18 levels: past MAX_DEPTH levels it is left to the server to check.
+    tools = {"wide": ["wide", 30, 4], "checks": ["enum_items", 20, 100], "deep": ["deep", 18],
+             "big": ["flat", 400]}
+    server = hostile({"tools": tools})
+    llm = ScriptedLLM([
+        step([call("checks", x=[99] * 100)]),
+        step([call("wide"), call("deep", x=5), call("big", p0="v", p399="w")]),
+        step(response="done"),
+    ])
+    async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
+        result = await agent.run("use the hostile tools", user_id="alice")
+    assert result.stop_reason == "completed"
+
+    refused = ("MCP server 'hostile': tool 'wide' has an input schema over 5,000 nodes once "
+               "its $refs are inlined (MAX_SCHEMA_NODES); it is left out")
+    assert f"- wide(): UNAVAILABLE: {refused}" in llm.calls[0][0]["content"]
+    assert any(refused in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    assert ("tool 'checks': args.x[49] could not be checked: it and its schema need more than "
+            "5,000 checks, so the call was not made") in llm.calls[1][-1]["content"]
+    rows = {m["name"]: m for role, m in stored(db, result.conversation_id) if role == "tool"}
+    assert not rows["wide"]["ok"] and refused in rows["wide"]["error"]
+    assert rows["deep"]["ok"] and rows["deep"]["output"].startswith("deep ok")
+    assert rows["big"]["ok"] and rows["big"]["output"].startswith("big ok")
+    assert "checks" not in rows  # never called
+
+    # The work stopped at each budget, whatever the schema multiplied to.
+    wide = json.loads(subprocess.run(
+        [sys.executable, "-c", f"import mcp_hostile, json; print(json.dumps("
+         f"mcp_hostile.schema({tools['wide']!r})))"], cwd=TESTS, capture_output=True,
+        text=True, check=True).stdout)
+    with pytest.raises(SchemaTooLarge) as over:
+        inline_refs(wide, budget=MAX_SCHEMA_NODES, strict=False)
+    assert over.value.spent == MAX_SCHEMA_NODES + 1
+    (checks,) = [t for t in await server.list_tools() if t.name == "checks"]
+    with pytest.raises(TooCostly) as costly:
+        validate({"x": [99] * 100}, checks.parameters, budget=MAX_VALIDATION_STEPS)
+    assert MAX_VALIDATION_STEPS < costly.value.spent <= MAX_VALIDATION_STEPS + 101  # one enum
+    parameters, _ = inline_refs({"type": "object", "properties": {"x": {"$ref": "#/$defs/N"}},
+                                 "$defs": {"N": {"type": "object", "properties": {
+                                     "next": {"$ref": "#/$defs/N"}, "v": {"type": "integer"}}}}},
+                                strict=False)
+    assert parameters["properties"]["x"]["properties"]["next"] == {}  # recursion: once
+    with pytest.raises(SchemaViolation, match="args.x.v must be integer, got str 'one'"):
+        validate({"x": {"v": "one"}}, parameters, "args")
+
+    # Each under its own budget, together over the server's: the tool that would pass it is
+    # left out, the others kept.
+    seven = hostile({"tools": {f"t{i}": ["wide", 5, 4] for i in range(7)}})  # 3,129 nodes each
+    try:
+        listed = {t.name: t.description for t in await seven.list_tools()}
+    finally:
+        await seven.aclose()
+    assert [name for name, text in listed.items() if text.startswith("UNAVAILABLE")] == ["t6"]
+    assert "tool 't6' would take its tools' schemas over 20,000 nodes in all " \
+           "(MAX_SERVER_SCHEMA_NODES)" in listed["t6"]
+
+
+async def test_the_budgets_admit_every_tool_of_the_reference_servers(npm_servers, tmp_path):
+    from cogency.tools.mcp import MCPTool
+
+    servers = [MCPServer([mcp_servers.npm_bin("mcp-server-everything")]),
+               MCPServer([mcp_servers.npm_bin("mcp-server-filesystem"), str(tmp_path)]),
+               MCPServer([sys.executable, "-m", "mcp_server_time"])]
+    try:
+        listings = [await server.list_tools() for server in servers]
+    finally:
+        for server in servers:
+            await server.aclose()
+    for listing in listings:
+        assert listing and all(isinstance(t, MCPTool) for t in listing), \
+            [t.description for t in listing if not isinstance(t, MCPTool)]
+    assert sum(len(listing) for listing in listings) > 20
+
+
+async def test_hostile_results_are_refused_with_a_clear_tool_error(tmp_path, db_path, db):
+    starts = tmp_path / "starts.log"
+    results = {"blocks": ["blocks", 150_000],  # 3.9 MB, 1.35 million JSON items
+               "nested": ["nested", 200_000],  # 4 MB of nested structuredContent
+               "many": ["blocks", 1_001],  # few bytes, one content block too many
+               "text": ["text", 4_000_000],  # 4 MB of text is fine
+               "shaped": ["structured", {"x": 5}]}
+    main = hostile({"tools": {name: ["plain"] for name in [*results, "say"]},
+                    "results": results, "output": {"shaped": ["deep", 16]},
+                    "log": str(starts)})
+    last = hostile({"tools": {"blocks": ["plain"]}, "results": {"blocks": results["blocks"]},
+                    "order": "tail"}, name="last", prefix="last_")
+    lost = hostile({"tools": {"blocks": ["plain"], "say": ["plain"]},
+                    "results": {"blocks": results["blocks"]}, "order": "lost",
+                    "log": str(tmp_path / "lost.log")}, name="lost", prefix="lost_")
+    llm = ScriptedLLM([
+        step([call(name) for name in [*results, "last_blocks", "lost_blocks"]]),
+        step([call("say"), call("lost_say")]),
+        step(response="done"),
+    ])
+    async with Agent(llm=llm, tools=[main, last, lost], store=str(db_path)) as agent:
+        result = await agent.run("take the results", user_id="alice")
+    assert result.stop_reason == "completed"
+    rows = {m["name"]: m for role, m in stored(db, result.conversation_id) if role == "tool"}
+
+    over = ("the server sent a message of over 40,000 JSON items (MAX_MESSAGE_ITEMS); it was "
+            "not read")
+    assert rows["blocks"] == {"name": "blocks", "args": {}, "ok": False,
+                              "error": f"ToolError: MCP server 'hostile': blocks: {over}"}
+    assert rows["nested"]["error"] == f"ToolError: MCP server 'hostile': nested: {over}"
+    assert rows["last_blocks"]["error"] == f"ToolError: MCP server 'last': blocks: {over}"
+    assert rows["many"]["error"] == (
+        "ToolError: MCP server 'hostile': many: the server sent a result of 1,001 content "
+        "blocks, over 1,000 (MAX_CONTENT_BLOCKS); it was not read")
+    assert rows["text"]["ok"] and rows["text"]["output"].startswith("tttt")
+    assert "more characters]" in rows["text"]["output"]
+    # The SDK would check structuredContent against the tool's outputSchema, without bound:
+    # output schemas are not used, the result is shown as it came.
+    assert rows["shaped"] == {"name": "shaped", "args": {}, "ok": True, "output": '{"x": 5}'}
+    # A response whose id cannot be told without parsing it ends the connection, like an
+    # over-long line; the server is started again for the next call.
+    assert rows["lost_blocks"]["error"].startswith(
+        "ToolError: MCP server 'lost' closed the connection; its stderr ends: [cogency: it "
+        "sent a message of over 40,000 JSON items (MAX_MESSAGE_ITEMS); it was not read]")
+    assert rows["say"]["ok"] and rows["lost_say"]["ok"]
+    assert len(starts.read_text().split()) == 1  # refusing a result kept the server
+    assert len((tmp_path / "lost.log").read_text().split()) == 2
+
+
+def test_the_stall_benchmark_runs_its_hostile_cases():
+    # bench/bench_mcp_stall.py measures the stalls (not a test: timings); here it must run,
+    # and the hostile schema must be left out, as the benchmark reports.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_mcp_stall", "--quick", "--only", "100 x 6"],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(TESTS.parent / "src"), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "1 tools, 1 refused; tool error: ToolError: MCP server 'hostile': tool 'wide' has " \
+        "an input schema over 5,000 nodes" in done.stdout
+    assert "worst stall in this tree:" in done.stdout
+
+
+async def test_patterns_are_checked_within_a_time_budget_and_never_multiplied(
+        db_path, db, monkeypatch):
+    import cogency._jsonschema as schemas
+
+    tried = []  # every pattern that reached the regex engine
+    engine = schemas._regex
+
+    class Spy:
+        error = engine.error
+
+        def compile(self, pattern, *args, **options):
+            tried.append(pattern)
+            return engine.compile(pattern, *args, **options)
+
+        def search(self, pattern, *args, **options):
+            tried.append(pattern)
+            return engine.search(pattern, *args, **options)
+
+    monkeypatch.setattr(schemas, "_regex", Spy())
+    schemas._compiled.cache_clear()  # what earlier tests compiled is compiled again here
+    # "copies": 15 characters that regex's compiler would expand to a million nodes (0.6 s;
+    # (a{10000}){10000} takes all the memory). "backtrack": exponential on "aaa…!".
+    server = hostile({"tools": {"word": ["pattern", "^[a-z]+$"],
+                                "copies": ["pattern", "(a{1000}){1000}"],
+                                "backtrack": ["pattern", "^(a|aa)+$"]}})
+    llm = ScriptedLLM([
+        step([call("word", x=["fine", "NOT FINE"])]),
+        step([call("backtrack", x=["a" * 40 + "!"] * 200)]),
+        step([call("word", x=["fine"]), call("copies", x=["a" * 1000])]),
+        step(response="done"),
+    ])
+    async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
+        result = await agent.run("use the patterns", user_id="alice")
+    assert result.stop_reason == "completed"
+    # The server's patterns are checked (the model is told, the call not made)…
+    assert "tool 'word': args.x[1] must match the pattern '^[a-z]+$'" in \
+        llm.calls[1][-1]["content"]
+    # …all of a check's patterns within one time limit, however many strings…
+    assert ("tool 'backtrack': args.x[0] could not be checked: its patterns need more than "
+            "20 ms, so the call was not made") in llm.calls[2][-1]["content"]
+    # …and one the compiler would multiply is left to the server, never compiled.
+    rows = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+    assert [(m["name"], m["ok"]) for m in rows] == [("word", True), ("copies", True)]
+    assert "^[a-z]+$" in tried and "(a{1000}){1000}" not in tried
+
+
+async def test_a_steps_calls_are_checked_with_the_event_loop_free_between_them(db_path):
+    from cogency.tools import Tool
+
+    ticks = 0  # turns of the event loop
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    seen = []
+
+    class Watched(Tool):
+        def validate(self, args):
+            seen.append(ticks)
+            return super().validate(args)
+
+    watched = Watched(name="w", description="Watched.", parameters={"type": "object"},
+                      func=lambda n: f"ok {n}")
+    llm = ScriptedLLM([step([call("w", n=n) for n in range(4)]), step(response="done")])
+    running = asyncio.create_task(ticker())
+    try:
+        async with Agent(llm=llm, tools=[watched], store=str(db_path)) as agent:
+            result = await agent.run("check four calls")
+    finally:
+        running.cancel()
+    assert result.stop_reason == "completed"
+    # Each check is bounded by its tool's budget; a step holds up to 16 calls: the loop ran
+    # between them, so their checks never add up to one stall.
+    assert len(seen) == 4 and len(set(seen)) == 4
+
+
+async def test_with_root_per_user_an_mcp_servers_tools_are_shared_by_every_user(
+        tmp_path, db_path, db):
+    from cogency.tools import files_tools
+    from cogency.tools.rooms import user_directory
+
+    root = tmp_path / "root"
+    root.mkdir()
+    server = hostile({"tools": {"say": ["plain"]}})
+    llm = ScriptedLLM([step([call("say", x="alice"), call("file_write", path="a.txt",
+                                                           content="alice's")]),
+                       step(response="done"),
+                       step([call("say", x="bob"), call("file_list", path=".")]),
+                       step(response="done")])
+    async with Agent(llm=llm, tools=[*files_tools(root), server], store=str(db_path),
+                     approve=True, root_per_user=True) as agent:
+        first = await agent.run("say it", user_id="alice")
+        second = await agent.run("say it", user_id="bob")
+        (say,) = [t for t in await server.list_tools() if t.name == "say"]
+    assert first.stop_reason == second.stop_reason == "completed"
+    said = [m["output"] for result in (first, second)
+            for role, m in stored(db, result.conversation_id) if role == "tool"
+            and m["name"] == "say"]
+    # One server, started once, for both users (its tools have no root to confine)...
+    assert len(said) == 2 and said[0] == said[1] and said[0].startswith("say ok (pid")
+    assert say.root is None and say.confined_to(str(tmp_path)) is say
+    # ...while each user's files tools work in their own directory.
+    assert (user_directory(root, "alice") / "a.txt").read_text() == "alice's"
+    listed = [m["output"] for role, m in stored(db, second.conversation_id)
+              if role == "tool" and m["name"] == "file_list"]
+    assert listed and "a.txt" not in listed[0]
+
+
+def test_json_items_is_exact_where_it_matters():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cogency.tools._mcp_bounds import json_items
+
+    def items(value):  # strings, and each { [ , : of the text json.dumps makes
+        if isinstance(value, dict):
+            return 1 + 3 * len(value) - (1 if value else 0) + sum(map(items, value.values()))
+        if isinstance(value, list):
+            return 1 + max(len(value) - 1, 0) + sum(map(items, value))
+        return 1 if isinstance(value, str) else 0
+
+    text = st.text(alphabet='a"\\,:{}[] \n\u00e9\U0001f600', max_size=12)
+    values = st.recursive(st.none() | st.booleans() | st.integers() | text,
+                          lambda inner: st.lists(inner, max_size=5)
+                          | st.dictionaries(text, inner, max_size=5), max_leaves=25)
+
+    @settings(max_examples=80, deadline=None)
+    @given(values)
+    def check(value):
+        data = json.dumps(value, ensure_ascii=False).encode()
+        n = items(value)
+        assert json_items(data, n) <= n  # within a limit it is not over it
+        if n:
+            assert json_items(data, n - 1) > n - 1  # and over one it passes
+
+    check()
+
+
+async def test_a_server_that_never_starts_is_retried_with_backoff_and_no_run_waits_for_it(
+        tmp_path, db_path, db):
+    from cogency.tools.mcp import START_BACKOFF
+
+    starts = tmp_path / "starts.log"
+    hung = hostile({"hang": True, "log": str(starts)}, name="hung", start_timeout=3)
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    llm = ScriptedLLM([step(response=f"answer {i}") for i in range(9)])
+    agent = Agent(llm=llm, tools=[add, hung], store=str(db_path))
+
+    async def timed(user):
+        started = time.monotonic()
+        result = await agent.run("what is 2 + 2?", user_id=user)
+        return result, time.monotonic() - started
+
+    async with agent:
+        # Six users at once, none using the server: one run tries to start it and waits for
+        # its own attempt; the others go on without its tools.
+        first = await asyncio.gather(*(timed(f"user{i}") for i in range(6)))
+        assert len(starts.read_text().split()) == 1
+        # In its back-off: not tried again, nobody waits.
+        during, _ = await timed("user6")
+        assert len(starts.read_text().split()) == 1
+        await asyncio.sleep(START_BACKOFF + 0.2)
+        # The back-off over: tried again in the background; neither this run nor the next
+        # one (the start still in flight) waits for it.
+        after = [await timed("user7"), await timed("user8")]
+        for _ in range(400):  # the new start's process writes its line once it runs
+            if len(starts.read_text().split()) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert len(starts.read_text().split()) == 2
+
+    assert all(r.stop_reason == "completed" for r, _ in [*first, *after])
+    took = sorted(seconds for _, seconds in [*first, *after])
+    assert took[-1] >= 3 and took[-2] < 3  # only the first start was waited for
+    # What each run's model was told, in the order they asked it: five runs went on while
+    # the first start was in flight, then the run that waited for it, then the later ones.
+    prompts = [calls[0]["content"] for calls in llm.calls]
+    said = "UNAVAILABLE: MCP server 'hung'"
+    assert all(f"{said} is starting (for" in p for p in prompts[:5] + prompts[8:])
+    assert f"{said} did not start within 3s. Its tools cannot be used" in prompts[5]
+    assert (f"{said} did not start within 3s; it failed to start once, and is started again "
+            "in 1s at the earliest") in prompts[6]
+    assert f"{said} did not start within 3s; it is being started again" in prompts[7]
+    assert during.stop_reason == "completed"
+    answers = db.execute("SELECT content FROM conversation_messages WHERE role = 'assistant'"
+                         ).fetchall()
+    assert len(answers) == 9
+    assert server_pids("mcp_hostile.py") == []
+
+
+async def test_closing_the_agent_kills_every_process_the_server_started(db_path, db):
+    server = hostile({"spawn": True})
+    llm = ScriptedLLM([step([call("spawn")]), step(response="spawned")])
+    async with Agent(llm=llm, tools=[server], store=str(db_path)) as agent:
+        result = await agent.run("start the grandchildren")
+        (row,) = [m for role, m in stored(db, result.conversation_id) if role == "tool"]
+        pids = json.loads(row["output"])
+        assert len(pids) == 3 and all(alive(pid) for pid in pids)
+        sessions = {_stat(pid)[3] for pid in pids}
+        assert len(sessions) >= 2  # out of the server's session and group, one of them bare
+    assert result.stop_reason == "completed"
+    for _ in range(100):  # SIGKILL is delivered, not awaited: give the kernel a moment
+        if not any(alive(pid) for pid in pids):
+            break
+        await asyncio.sleep(0.05)
+    assert [pid for pid in pids if alive(pid)] == []
+
+
+def _stat(pid):
+    raw = (Path("/proc") / str(pid) / "stat").read_bytes()
+    return raw[raw.rfind(b")") + 2:].split()
+
+
+def alive(pid):
+    try:
+        return _stat(pid)[0] not in (b"Z", b"X")
+    except OSError:
+        return False

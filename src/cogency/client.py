@@ -391,7 +391,7 @@ def _schema(given: Any, what: str) -> dict[str, Any]:
     # only one that names a key inline_refs handles is walked, and measured again.
     if any(key in text for key in _REF_KEYS):
         try:
-            schema = inline_refs(schema)
+            schema, _ = inline_refs(schema)
         except SchemaError as exc:
             raise UsageError(f"{what}: {exc}") from exc
         if len(dumps(schema)) > MAX_SCHEMA_BYTES:

@@ -93,7 +93,11 @@ async def reason(
                                      on_note)
         usage = usage + completion.usage
         try:
-            return parse_step(completion.text, tools, answer_schema), usage
+            step = parse_step(completion.text, tools, answer_schema, check_args=False)
+            for action in step.actions:  # each bounded; the loop runs between them
+                await asyncio.sleep(0)
+                action["args"] = _checked_args(tools[action["name"]], action["args"])
+            return step, usage
         except InvalidResponseError as exc:
             problem = str(exc)
             if completion.truncated:
@@ -177,13 +181,17 @@ def contract(first_iteration: bool) -> str:
 
 
 def parse_step(
-    text: str, tools: Mapping[str, Tool], answer_schema: dict[str, Any] | None = None
+    text: str, tools: Mapping[str, Tool], answer_schema: dict[str, Any] | None = None,
+    *, check_args: bool = True,
 ) -> Step:
     """Read a reply into a :class:`Step`; raise :class:`InvalidResponseError` saying what is wrong.
 
     Tolerates code fences, prose around the object, and trailing commas. With
     ``answer_schema``, an answer (a response with no actions, from a step judged secure) must
-    be JSON valid for it; the step's ``response`` is then that JSON's text.
+    be JSON valid for it; the step's ``response`` is then that JSON's text. Each call's
+    arguments are checked against its tool's schema unless ``check_args`` is false (then the
+    caller checks them, as :func:`reason` does with the event loop free between calls: each
+    check is bounded by its tool's budget, but a step holds up to :data:`MAX_ACTIONS`).
     """
     data = extract_json(text)
     step = Step()
@@ -220,15 +228,20 @@ def parse_step(
             args = {}
         if not isinstance(args, dict):
             raise InvalidResponseError(f'actions[{index}].args must be an object')
-        try:
-            step.actions.append({"name": name, "args": tools[name].validate(args)})
-        except ToolArgumentError as exc:
-            raise InvalidResponseError(str(exc)) from exc
+        step.actions.append({"name": name,
+                             "args": _checked_args(tools[name], args) if check_args else args})
     if answer_schema is not None and response is not None and secure and not step.actions:
         step.response = answer_of(response, answer_schema)
     elif isinstance(response, str) and response.strip():
         step.response = response
     return step
+
+
+def _checked_args(tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return tool.validate(args)
+    except ToolArgumentError as exc:
+        raise InvalidResponseError(str(exc)) from exc
 
 
 def salvage(text: str) -> dict[str, Any] | None:

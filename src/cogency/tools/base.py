@@ -18,10 +18,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, overload
+from typing import Any, ClassVar, Protocol, cast, overload
 
 from .. import _telemetry
-from .._jsonschema import SchemaViolation, type_name, validate
+from .._jsonschema import MAX_STEPS, SchemaViolation, TooCostly, type_name, validate
 from .._redact import redact_cut
 from ..errors import ToolArgumentError, ToolError
 from ..tokens import truncate_tokens
@@ -61,6 +61,9 @@ class Tool:
     ``rebuild`` makes the same tool confined to another directory: :meth:`confined_to` uses it
     to give each user of an ``Agent(root_per_user=True)`` a directory of their own.
     """
+
+    checks: ClassVar[int] = MAX_STEPS
+    """Checks :meth:`validate` may spend on one call's arguments (see cogency._jsonschema)."""
 
     name: str
     description: str
@@ -129,7 +132,11 @@ class Tool:
         if args is None:
             args = {}
         try:
-            validate(args, self.parameters, "args", "argument")
+            validate(args, self.parameters, "args", "argument", budget=self.checks)
+        except TooCostly as exc:
+            raise ToolArgumentError(f"tool {self.name!r}: {exc}, so the call was not made: "
+                                    "the schema is too complex for arguments this large; send "
+                                    "smaller ones") from None
         except SchemaViolation as exc:
             raise ToolArgumentError(f"tool {self.name!r}: {exc}") from None
         return args
