@@ -301,6 +301,42 @@ async def test_close_gives_up_after_its_time_limit_without_raising(store, db, ca
     assert queued[1:] == ("[]", None)
 
 
+async def test_a_close_that_cancels_a_claim_in_flight_lets_it_go(db_path: Path, db) -> None:
+    # The store claims the queued task, but the worker that asked is cancelled (a settle past
+    # its time limit) before the claim reaches it: the claim is let go, not left held until
+    # its lease lapses, so the next process learns it at once.
+    claimed = asyncio.Event()
+
+    class SlowClaims(SQLiteStore):
+        async def claim_learning(self, *args: Any, **options: Any) -> Any:
+            claims = await super().claim_learning(*args, **options)
+            claimed.set()
+            await asyncio.sleep(0.1)  # the settle's cancellation lands here
+            return claims
+
+    store = SlowClaims(db_path)
+    try:
+        async with Agent(llm=ScriptedLLM([answer()]), store=store,
+                         memory=Memory(llm=ScriptedLLM([insights(goals=["x"])]),
+                                       settle_timeout=0)) as agent:
+            result = await agent.run("hello", "alice")
+            await asyncio.wait_for(claimed.wait(), 10)
+    finally:
+        await store.close()
+    (queued,) = db.execute("SELECT tasks, claimed, holder FROM learning_queue").fetchall()
+    assert [task["task_id"] for task in json.loads(queued[0])] == [result.task_id]
+    assert queued[1:] == ("[]", None)
+    later = SQLiteStore(db_path)
+    memory = Memory(store=later, llm=ScriptedLLM([insights(goals=["learned later"])]))
+    try:
+        assert await memory.catch_up() == 1
+        assert await memory.settle()
+    finally:
+        await memory.close()
+        await later.close()
+    assert profile_row(db, "alice")["goals"] == ["learned later"]
+
+
 def test_run_sync_finishes_pending_learning(db_path: Path) -> None:
     store = SQLiteStore(db_path)
     # Learning takes longer than the run: asyncio.run would cancel it if run_sync did not wait.

@@ -418,9 +418,10 @@ async def test_a_thousand_quick_tasks_leave_at_most_one_queued_row(any_store, ra
     from cogency.storage import SQLiteStore
 
     tasks = 1000 if isinstance(any_store, SQLiteStore) else 60  # the same code, fewer round trips
-    gate = asyncio.Event()
+    gate, learning = asyncio.Event(), asyncio.Event()
 
     async def stuck(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        learning.set()
         await gate.wait()
         return insights(goals=["batched"])
 
@@ -430,6 +431,8 @@ async def test_a_thousand_quick_tasks_leave_at_most_one_queued_row(any_store, ra
     memory = agent.memory
     for number in range(tasks):
         await agent.run(f"quick {number}", "alice")
+        if number == 0:  # the first task is claimed and being learned before the next runs
+            await asyncio.wait_for(learning.wait(), 10)
     rows = await raw("SELECT tasks, claimed, dropped FROM learning_queue")
     assert len(rows) == 1  # one row for the user, however many tasks
     queued, claimed, dropped = json.loads(rows[0][0]), json.loads(rows[0][1]), rows[0][2]

@@ -301,8 +301,7 @@ class Memory:
             return 0
         store = self._store()
         await self._prune(store)
-        claims = await store.claim_learning(self._new_holder(), limit=self.max_learning,
-                                            lease=self._lease())
+        claims = await self._claim(store, limit=self.max_learning)
         for claim in claims:
             if self.learning(claim.user_id) is not None:
                 self._handed[claim.user_id] = claim  # its worker here takes it next
@@ -456,8 +455,7 @@ class Memory:
             while True:
                 claim = claim or self._handed.pop(user_id, None)
                 if claim is None:
-                    claims = await store.claim_learning(self._new_holder(), user_id=user_id,
-                                                        lease=self._lease())
+                    claims = await self._claim(store, user_id=user_id)
                     # Nothing awaits between these checks and returning: a user queued again
                     # (or a claim handed over) meanwhile is seen here, or finds no worker.
                     if not claims and user_id in self._handed:
@@ -517,6 +515,23 @@ class Memory:
             len(claim.tasks), claim.user_id, attempts, retry_at.isoformat(timespec="seconds"),
         )
         return False
+
+    async def _claim(self, store: Store, **options: Any) -> list[LearningClaim]:
+        """Claim queued learning so that a cancellation cannot strand it: a claim the store
+        made while its caller was being cancelled (a settle that timed out) is released at once,
+        not left held until its lease lapses."""
+        claiming = asyncio.ensure_future(
+            store.claim_learning(self._new_holder(), lease=self._lease(), **options))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            try:
+                claims = await asyncio.shield(claiming)
+            except Exception:  # noqa: BLE001 - nothing was claimed
+                claims = []
+            for claim in claims:
+                await asyncio.shield(self._release(claim, None))
+            raise
 
     async def _release(self, claim: LearningClaim, error: str | None,
                        retry_at: Any = None) -> None:
