@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memory_replies import answer, insights
+from memory_replies import answer, insights, learn_into
 
 from cogency import Agent
 from cogency.memory import ImpressionSynthesizer, Memory, Profile
@@ -239,9 +239,9 @@ async def test_failed_consolidation_keeps_insights_and_is_made_up_next_time(
 
 
 async def test_consolidation_made_from_a_stale_profile_is_dropped(store) -> None:
-    await store.update_profile("alice", lambda p: p.update_from_interaction({"goals": ["a"]}))
+    await store.update_profile("alice", lambda p: learn_into(p, {"goals": ["a"]}))
     stale = await store.load_profile("alice")
-    await store.update_profile("alice", lambda p: p.update_from_interaction({"goals": ["b"]}))
+    await store.update_profile("alice", lambda p: learn_into(p, {"goals": ["b"]}))
     synth = ImpressionSynthesizer(ScriptedLLM([{"goals": ["only a"]}]), store)
     kept = await synth.synthesize("alice", stale)
     assert kept.goals == ["a", "b"] and kept.synthesis_version == 1
@@ -595,7 +595,7 @@ async def test_learning_and_forgetting_on_every_backend(any_store, raw) -> None:
 
     # A consolidation made from a stale profile is rolled back, not written over newer insights.
     stale = await any_store.load_profile("alice")
-    await any_store.update_profile("alice", lambda p: p.update_from_interaction({"goals": ["b"]}))
+    await any_store.update_profile("alice", lambda p: learn_into(p, {"goals": ["b"]}))
     synth = ImpressionSynthesizer(ScriptedLLM([{"goals": ["only a"]}]), any_store)
     assert (await synth.synthesize("alice", stale)).goals == ["a", "b"]
     assert (await stored("alice"))["goals"] == ["a", "b"]

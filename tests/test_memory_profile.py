@@ -6,6 +6,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memory_replies import consolidate_into, learn_into
 
 from cogency.memory import Profile
 from cogency.memory.profile import (
@@ -47,10 +48,10 @@ def _assert_bounded(profile: Profile) -> None:
 def test_any_reply_leaves_a_bounded_storable_profile(extractions, synthesis) -> None:
     profile = Profile("alice")
     for reply in extractions:
-        profile.update_from_interaction(reply)
+        learn_into(profile, reply)
         _assert_bounded(profile)
     version = profile.synthesis_version
-    used = profile.apply_synthesis(synthesis)
+    used = consolidate_into(profile, synthesis)
     assert profile.synthesis_version == version + (1 if used else 0)
     _assert_bounded(profile)
     assert profile.interaction_count == len(extractions)
@@ -60,6 +61,6 @@ def test_any_reply_leaves_a_bounded_storable_profile(extractions, synthesis) -> 
 
 def test_newest_entries_survive_the_bounds() -> None:
     profile = Profile("alice")
-    profile.update_from_interaction({"goals": [f"g{i}" for i in range(50)]})
-    profile.update_from_interaction({"goals": ["g45"]})  # re-mentioned: now the newest
+    learn_into(profile, {"goals": [f"g{i}" for i in range(50)]})
+    learn_into(profile, {"goals": ["g45"]})  # re-mentioned: now the newest
     assert profile.goals == [*(f"g{i}" for i in range(40, 50) if i != 45), "g45"]

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 import pytest
+from memory_replies import learn_into
 
 from cogency.errors import NotFoundError, UsageError
 from cogency.memory import Profile
@@ -234,7 +235,7 @@ async def test_complete_task_deletes_workspace_and_keeps_conversation(any_store,
 async def test_complete_task_saves_the_profile_in_the_same_transaction(any_store, raw):
     state = await State.start_task("hi", "alice", store=any_store)
     profile = await any_store.load_profile("alice")
-    profile.update_from_interaction({"goals": ["learn Rust"], "communication_style": "terse"})
+    learn_into(profile, {"goals": ["learn Rust"], "communication_style": "terse"})
     await state.complete_task(profile)
 
     data = as_json((await raw("SELECT profile_data FROM user_profiles WHERE user_id = ?",

@@ -96,38 +96,9 @@ class Profile:
             if len(items) > bound:
                 setattr(self, name, dict(list(items.items())[-bound:]))
 
-    def update_from_interaction(self, insights: dict[str, Any]) -> None:
-        """Apply the insights of one interaction (v1.0 keys); malformed entries are skipped.
-
-        The rules are :class:`~cogency.memory.entries.ProfileBook`'s (a new value for a key
-        replaces the old one, a re-mentioned item becomes the newest, the bounds keep the
-        newest), applied here to the values alone: no provenance is kept.
-        """
-        self._through_book(lambda book: book.learn(insights))
-
     def learned(self) -> dict[str, Any]:
         """What has been learned (no ids or metadata), oldest entries first in each field."""
         return {name: getattr(self, name) for name in SYNTHESIS_FIELDS}
-
-    def apply_synthesis(self, synthesis: dict[str, Any]) -> bool:
-        """Replace fields with a consolidated version of themselves; ``True`` if it was usable.
-
-        Each field of ``synthesis`` that holds a non-empty value of the right shape replaces the
-        stored one (so a contradiction resolved by the model disappears); absent, empty or
-        malformed fields keep what is stored, so a lazy or broken reply never wipes the profile.
-        ``synthesis_version`` goes up when anything usable came back.
-        """
-        return bool(self._through_book(lambda book: book.consolidate(synthesis)))
-
-    def _through_book(self, change: Any) -> Any:
-        from .entries import ProfileBook  # entries builds on this module
-
-        book = ProfileBook.adopt(self)
-        outcome = change(book)
-        result = book.finish()
-        for item in fields(self):
-            setattr(self, item.name, getattr(result, item.name))
-        return outcome
 
     def compress(self, max_chars: int = 3200) -> str:
         """The profile as a few labelled lines, newest entries first in importance."""
