@@ -186,3 +186,99 @@ def test_tool_schemas_that_refer_elsewhere_or_recur_stay_usable():
     variants = schema["properties"]["actions"]["items"]["anyOf"]
     assert variants[1]["properties"]["args"]["properties"]["a"] == {}
     assert odd.parameters["properties"]["a"] == {"$ref": "#/properties/b"}  # not changed
+
+
+def _plain(key: str, count: int = 3, ratio: float = 0.5, loud: bool = False, *,
+           label: str = "x") -> str:
+    """Plain scalars only.
+
+    Args:
+        key: which key
+        loud: shout it
+    """
+    return key
+
+
+def _plain_required(key: str, count: int, ratio: float, loud: bool) -> str:
+    """All required."""
+    return key
+
+
+def _plain_none() -> str:
+    """No arguments."""
+    return ""
+
+
+def _not_plain_default(count: int = 2.5) -> str:  # type: ignore[assignment]
+    """A default of another type: Pydantic's path."""
+    return ""
+
+
+@pytest.mark.parametrize("fn", [_plain, _plain_required, _plain_none, _not_plain_default])
+def test_a_plain_signature_gets_pydantics_schema_exactly(fn):
+    from cogency.tools._plain import plain_arguments
+    from cogency.tools._typed import arguments_of
+    from cogency.tools.base import _parse_doc
+
+    import inspect
+
+    docs = _parse_doc(inspect.getdoc(fn) or "")[1]
+    pydantics = json.dumps(arguments_of(fn, docs)[0])
+    assert json.dumps(tool(fn).parameters) == pydantics  # the same text, key order too
+    plain = plain_arguments(fn, docs)
+    assert (plain is None) == (fn is _not_plain_default)
+    if plain is not None:
+        assert json.dumps(plain) == pydantics
+
+
+def test_a_plain_tool_imports_pydantic_only_when_called(tmp_path):
+    """A process whose tools take plain arguments answers without importing Pydantic (its
+    start-up time and memory); the first call validates with Pydantic, as every tool does."""
+    script = f"""
+import asyncio, json, sys
+from cogency import Agent, tool
+from cogency.testing import ScriptedLLM
+
+@tool
+def lookup(key: str, times: int = 1) -> str:
+    '''Look a key up.'''
+    return key * times
+
+async def main():
+    llm = ScriptedLLM([{{"response": "hi"}},
+                       {{"actions": [{{"name": "lookup", "args": {{"key": "a", "times": "x"}}}}]}},
+                       {{"actions": [{{"name": "lookup", "args": {{"key": "a", "times": "2"}}}}]}},
+                       {{"response": "done"}}])
+    async with Agent(llm=llm, tools=[lookup], store={str(tmp_path / "a.db")!r}) as agent:
+        first = await agent.run("hello", "u")
+        print(first.response, "pydantic" in sys.modules)
+        second = await agent.run("look", "u")
+        print(second.response, "pydantic" in sys.modules)
+        print(json.dumps(llm.calls[2]))
+        print(json.dumps(llm.calls[3]))
+asyncio.run(main())
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["hi False", "done True"]
+    told_bad, told_good = json.loads(lines[2])[-1], json.loads(lines[3])[-1]
+    assert "tool 'lookup': argument 'times': Input should be a valid integer" in told_bad["content"]
+    assert "<tool_output>\naa\n</tool_output>" in told_good["content"]  # "2" arrived as 2
+
+
+def test_arguments_that_are_not_json_are_refused_though_pydantic_would_convert_them():
+    # Found by tests/test_fuzz.py: bytes pass Pydantic's lax str, but arguments are stored
+    # and shown as JSON.
+    @tool
+    def echo(q: str) -> str:
+        """Echo."""
+        return q
+
+    with pytest.raises(ToolArgumentError, match="must be JSON values"):
+        echo.validate({"q": b"\x00"})
+    assert echo.validate({"q": "x"}) == {"q": "x"}

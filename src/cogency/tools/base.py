@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol, cast, overload
 from .. import _telemetry
 from .._jsonschema import MAX_STEPS, SchemaViolation, TooCostly, type_name, validate
 from .._redact import redact_cut
+from ._plain import plain_arguments
 from ..errors import ToolArgumentError, ToolError
 from ..tokens import truncate_tokens
 
@@ -216,15 +217,20 @@ def tool(
     caller = sys._getframe(1).f_locals  # annotations may name classes local to the caller
 
     def build(fn: Callable[..., Any]) -> Tool:
-        from ._typed import arguments_of  # Pydantic is imported when a tool is made
-
         summary, arg_docs = _parse_doc(inspect.getdoc(fn) or "")
         text = description or summary
         if not text:
             raise ToolError(
                 f"tool {fn.__name__!r} needs a description: add a docstring or pass description="
             )
-        parameters, adapter = arguments_of(fn, arg_docs, caller)
+        # Arguments that are all str, int, float or bool get Pydantic's own schema without
+        # Pydantic, which validates them on the first call (so a process whose tools are
+        # never called never imports it); any other signature is Pydantic's from the start.
+        parameters, adapter = plain_arguments(fn, arg_docs, caller), None
+        if parameters is None:
+            from ._typed import arguments_of
+
+            parameters, adapter = arguments_of(fn, arg_docs, caller)
         return _TypedTool(
             name=name or fn.__name__,
             description=text,
@@ -245,18 +251,31 @@ class _TypedTool(Tool):
 
     adapter: Any = field(default=None, repr=False, compare=False)
 
+    def _adapter(self) -> Any:
+        if self.adapter is None:  # a plain signature's, made on its first call
+            from ._typed import arguments_of
+
+            self.adapter = arguments_of(self.func, {})[1]
+        return self.adapter
+
     def validate(self, args: Any) -> dict[str, Any]:
         from ._typed import typed_arguments
 
         if args is None:
             args = {}
-        typed_arguments(self.adapter, args, self.name, self.parameters.get("properties", ()))
+        typed_arguments(self._adapter(), args, self.name, self.parameters.get("properties", ()))
+        try:  # Pydantic's lax mode takes bytes for text; what is stored and shown is JSON
+            json.dumps(args, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            raise ToolArgumentError(
+                f"tool {self.name!r}: the arguments must be JSON values (text, numbers, "
+                "booleans, null, lists and objects)") from None
         return cast(dict[str, Any], args)
 
     async def __call__(self, **args: Any) -> Any:
         from ._typed import typed_arguments
 
-        return await super().__call__(**typed_arguments(self.adapter, args, self.name))
+        return await super().__call__(**typed_arguments(self._adapter(), args, self.name))
 
 
 async def in_thread(call: Callable[[], Any], slots: threading.BoundedSemaphore, name: str) -> Any:
