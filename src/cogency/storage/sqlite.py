@@ -475,8 +475,20 @@ class SQLiteStore:
     ``synchronous`` is what a commit survives (SQLite's ``PRAGMA synchronous``, in WAL mode):
     ``"normal"`` (the default) survives the process crashing or being killed at any moment, but
     a power loss or an operating-system crash may lose the last commits (the file stays
-    consistent); ``"full"`` flushes every commit to the disk before it returns, so a commit
-    survives a power loss too, at the price of a disk flush per commit.
+    consistent); ``"full"`` flushes to the disk every commit that records an outcome, so an
+    outcome survives a power loss too, at the price of a disk flush for each.
+
+    What ``"full"`` flushes, and why that is every commit's promise: a commit that records
+    what a caller is told happened (a step's save, a task's completion or pause, approvals
+    decided or started, a served request's outcome, a profile change, an import, a deletion)
+    flushes the write-ahead log before it returns. A commit that only *prepares* a turn
+    (beginning a task, claiming or releasing a task or a conversation, renewing their leases,
+    claiming an idempotency key or noting the task it started) is written to the log without
+    a flush. The log is one file appended in order, so a flush makes every commit before it
+    durable too; a power loss can only take a suffix of the log, so the file comes back as it
+    was at some moment after the last flushed commit returned: a turn that had begun and not
+    yet answered may be gone, as if it had never started (a crash of the process loses
+    nothing either way). A one-step turn is thus one disk flush: its completion.
     """
 
     def __init__(
@@ -504,6 +516,8 @@ class SQLiteStore:
         self.lease = lease
         self._leases = Leases(lease, self._renew)
         self._db: sqlite3.Connection | None = None
+        self._flushing = self.synchronous == "full"
+        """Whether the connection's ``PRAGMA synchronous`` is FULL now (see ``_write``)."""
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         self._windows = _Windows()
@@ -548,6 +562,7 @@ class SQLiteStore:
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA journal_mode = WAL")
             db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            self._flushing = self.synchronous == "full"
             migrate(db)
         except BaseException as exc:
             if db is not None:  # a failed open (locked, too new, corrupt) keeps no connection
@@ -618,14 +633,23 @@ class SQLiteStore:
             ) from exc
 
     def _write(
-        self, fn: Callable[[sqlite3.Connection], T], *, wait: bool = True
+        self, fn: Callable[[sqlite3.Connection], T], *, wait: bool = True, flush: bool = True
     ) -> Callable[[sqlite3.Connection], T]:
         """``fn`` in one write transaction; ``wait=False`` fails at once on a held lock
-        instead of waiting up to the busy timeout (for what can be skipped or done later)."""
+        instead of waiting up to the busy timeout (for what can be skipped or done later).
+
+        ``flush=False`` marks a transaction that only prepares a turn: with
+        ``synchronous="full"`` it commits without flushing the log, and the next flushing
+        commit makes it durable with its own (the rule: the class docstring)."""
         if self.read_only:
             raise UsageError(f"the database {self.path!r} was opened read-only; nothing was written")
+        flushing = flush and self.synchronous == "full"
 
         def transaction(db: sqlite3.Connection) -> T:
+            if flushing != self._flushing:
+                # Read by SQLite at each commit; refused inside a transaction, so set before.
+                db.execute(f"PRAGMA synchronous = {'FULL' if flushing else 'NORMAL'}")
+                self._flushing = flushing
             if not wait:
                 db.execute("PRAGMA busy_timeout = 0")
                 try:
@@ -665,7 +689,7 @@ class SQLiteStore:
                     [(conversation, runner) for conversation, (runner, _) in holds.items()])
 
             try:
-                await self._run(self._write(let_go, wait=False))
+                await self._run(self._write(let_go, wait=False, flush=False))
             except StorageError:
                 pass  # they lapse by themselves
         self._closed = True
@@ -736,7 +760,7 @@ class SQLiteStore:
                 conversation.recent = self._windows.load(db, conversation, history_tokens)
             return conversation
 
-        conversation = await self._run(self._write(work))
+        conversation = await self._run(self._write(work, flush=False))  # the completion flushes
         if task.runner:
             self._leases.hold_task(task.task_id, task.runner, 1, task.conversation_id)
         return conversation
@@ -851,7 +875,7 @@ class SQLiteStore:
             )
             return int(epoch) + 1, conversation_id
 
-        epoch, conversation_id = await self._run(self._write(work))
+        epoch, conversation_id = await self._run(self._write(work, flush=False))
         self._leases.hold_task(task_id, runner, epoch, conversation_id)
         return epoch
 
@@ -867,6 +891,7 @@ class SQLiteStore:
                         (task_id, runner),
                     ),
                     wait=False,  # a run never waits to let go: its claim is void here anyway
+                    flush=False,  # a lost release names a dead runner: free to take
                 )
             )
         except BaseException:
@@ -921,7 +946,7 @@ class SQLiteStore:
             return (lost(db, "task_workspaces", "task_id", tasks, until),
                     lost(db, "conversation_runs", "conversation_id", holds, until))
 
-        return await self._run(self._write(work, wait=False))
+        return await self._run(self._write(work, wait=False, flush=False))
 
     async def save(self, batch: SaveBatch) -> int:
         fence = self._leases.fence(batch.task_id)
@@ -1276,7 +1301,7 @@ class SQLiteStore:
             )
             return epoch
 
-        epoch = await self._run(self._write(work))
+        epoch = await self._run(self._write(work, flush=False))
         self._leases.hold_conversation(conversation_id, runner, epoch)
 
     async def release_conversation(self, conversation_id: str, runner: str) -> None:
@@ -1288,7 +1313,8 @@ class SQLiteStore:
                         "UPDATE conversation_runs SET runner = NULL, lease_until = NULL "
                         "WHERE conversation_id = ? AND runner = ?",
                         (conversation_id, runner),
-                    )
+                    ),
+                    flush=False,
                 )
             )
         except BaseException:
@@ -1330,7 +1356,8 @@ class SQLiteStore:
             )
             return None
 
-        return await self._run(self._write(work))
+        # Lost to a power loss with the run it was to start (the run's first flush keeps it).
+        return await self._run(self._write(work, flush=False))
 
     async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
                              conversation_id: str | None = None,
@@ -1341,7 +1368,7 @@ class SQLiteStore:
             "WHERE user_id = ? AND key_hash = ?",
             (task_id, conversation_id, None if outcome is None else dumps(outcome), user_id,
              key),
-        )))
+        ), flush=outcome is not None))  # the outcome is what a retry is answered with
 
     async def drop_request(self, user_id: str, key: str) -> None:
         await self._run(self._write(lambda db: db.execute(
