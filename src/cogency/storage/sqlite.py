@@ -724,11 +724,13 @@ class SQLiteStore:
             stamp = _time.now().isoformat()
             if hold is not None:
                 _check_hold(db, task.conversation_id, hold[1])
-            _ensure_profile(db, task.user_id, stamp)
             conversation = _find_conversation(db, task.conversation_id, task.user_id, missing=None)
             if conversation is None:
                 if _conversation_owner(db, task.conversation_id) is not None:
                     raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
+                # The user's row, which conversations and tasks name (a conversation of the
+                # user's shows it exists: no statement for it on a conversation's later turns).
+                _ensure_profile(db, task.user_id, stamp)
                 db.execute(
                     "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
                     "updated_at, message_count) VALUES (?, ?, ?, ?, 0)",
@@ -751,13 +753,15 @@ class SQLiteStore:
                 raise ConflictError(
                     f"task {task.task_id!r} already exists; start tasks with a new id"
                 ) from exc
+            appended: list[dict[str, Any]] = []
             if messages:
                 batch = SaveBatch(task.user_id, task.task_id, task.conversation_id,
                                   task.version, list(messages))
-                _append(db, batch, stamp)
+                appended = _append(db, batch, stamp, new=True)
                 conversation.message_count += len(messages)
             if history_tokens is not None:
-                conversation.recent = self._windows.load(db, conversation, history_tokens)
+                conversation.recent = self._windows.load(db, conversation, history_tokens,
+                                                         appended)
             return conversation
 
         conversation = await self._run(self._write(work, flush=False))  # the completion flushes
@@ -962,7 +966,7 @@ class SQLiteStore:
                     return version  # an earlier attempt of this completion landed
                 version = checked
             if batch.messages:
-                _append(db, batch, stamp)
+                self._windows.note(batch.conversation_id, _append(db, batch, stamp))
             if batch.profile is not None:
                 given = batch.profile
                 _change_profile(db, batch.user_id, lambda book: book.take(given), stamp)
@@ -1693,14 +1697,17 @@ def _stored(db: sqlite3.Connection, batch: SaveBatch) -> dict[str, int]:
     return dict(rows.fetchall())
 
 
-def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
-    stored = _stored(db, batch)
+def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str, *, new: bool = False
+            ) -> list[dict[str, Any]]:
+    """Store the batch's messages not stored yet; returns the rows written, as read back.
+    ``new``: the messages of a task this transaction creates, so none can be stored yet."""
+    stored = {} if new else _stored(db, batch)
     fresh = [m for m in batch.messages if m.get("id") not in stored]
     for message in batch.messages:
         if message.get("id") in stored:
             message["seq"] = stored[message["id"]]
     if not fresh:
-        return
+        return []
     count = len(fresh)
     # Bumping the counter takes the seq range; BEGIN IMMEDIATE serializes writers.
     row = db.execute(
@@ -1717,15 +1724,14 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
     first = row[0] - count + 1
     for offset, message in enumerate(fresh):
         message["seq"] = first + offset
+    rows = [(m["seq"], m["role"], m["content"], m.get("task_id"), m.get("tokens", 0),
+             m.get("created_at") or stamp, m.get("id")) for m in fresh]
     db.executemany(
         "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, tokens, "
         "created_at, message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (batch.conversation_id, m["seq"], m["role"], m["content"], m.get("task_id"),
-             m.get("tokens", 0), m.get("created_at") or stamp, m.get("id"))
-            for m in fresh
-        ],
+        [(batch.conversation_id, *row) for row in rows],
     )
+    return [_message(row) for row in rows]
 
 
 _TASK_COLUMNS = (
@@ -1759,7 +1765,21 @@ class _Windows(Windows):
     rows after the last ``seq`` each saw: loading history costs the same at turn 10 and turn
     100,000 however many messages fit the budget."""
 
-    def load(self, db: sqlite3.Connection, record: ConversationRecord, budget: int) -> History:
+    def note(self, conversation_id: str, appended: Sequence[dict[str, Any]]) -> None:
+        """Bring the conversation's cached window (if any) up to ``appended``, the rows this
+        transaction just wrote, when they follow the last it saw: the next load reads none of
+        them back. It still checks that the newest is there, as for any cached window: a
+        transaction rolled back after this leaves it missing, and the window is read afresh."""
+        entry = self._entries.get(conversation_id)
+        if entry is not None and appended and appended[0]["seq"] == entry.last_seq + 1:
+            self._entries[conversation_id] = entry.advanced(
+                list(appended), appended[-1]["seq"], appended[-1]["created_at"])
+
+    def load(self, db: sqlite3.Connection, record: ConversationRecord, budget: int,
+             appended: Sequence[dict[str, Any]] = ()) -> History:
+        """The window of ``record``'s conversation; ``appended``: the rows this transaction
+        just wrote (as :func:`_append` returns them), the newest of the conversation, used
+        as they are when they are all the window has not seen."""
         key = record.conversation_id
         entry = self.get(key, budget)
         if entry is None or not _still_valid(db, record, entry):
@@ -1770,12 +1790,15 @@ class _Windows(Windows):
             entry = Window.newest(budget, chain(messages, map(_message, rows)), last_seq,
                                   last_stamp)
         elif record.message_count > entry.last_seq:
-            fresh = [
-                _message(row)
-                for row in db.execute(
-                    _SELECT_MESSAGES + " AND seq > ? ORDER BY seq", (key, entry.last_seq)
-                )
-            ]
+            if appended and appended[0]["seq"] == entry.last_seq + 1:
+                fresh = list(appended)  # no need to read back what was just written
+            else:
+                fresh = [
+                    _message(row)
+                    for row in db.execute(
+                        _SELECT_MESSAGES + " AND seq > ? ORDER BY seq", (key, entry.last_seq)
+                    )
+                ]
             if fresh:
                 entry = entry.advanced(fresh, fresh[-1]["seq"], fresh[-1]["created_at"])
         return self.put(key, entry)
