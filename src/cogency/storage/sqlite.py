@@ -31,6 +31,7 @@ from ._window import Newest, Window, Windows
 from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
+    IDEMPOTENCY_KEYS_TABLE,
     LEARN_BATCH,
     LEARNING_QUEUE_TABLE,
     LEARN_LEASE,
@@ -321,23 +322,7 @@ def _m007_service(db: sqlite3.Connection) -> None:
 
 
 def _m010_idempotency_keys(db: sqlite3.Connection) -> None:
-    # The HTTP service's idempotency keys: a retried request (same key) gets the answer of
-    # the run the first one started, on any replica and after a restart, never a second run.
-    _script(db,
-        """
-        CREATE TABLE idempotency_keys (
-            user_id TEXT NOT NULL,               -- a key is its user's: scoped by it
-            key_hash TEXT NOT NULL,              -- SHA-256 of the key (never the key itself)
-            request_hash TEXT NOT NULL,          -- SHA-256 of the request: another is refused
-            task_id TEXT,                        -- the run it started, once begun
-            conversation_id TEXT,
-            outcome TEXT,                        -- JSON: what it was answered, once over
-            expires_at TEXT NOT NULL,            -- then the key may start a run again
-            PRIMARY KEY (user_id, key_hash)
-        );
-        CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys(expires_at);
-        """
-    )
+    _script(db, IDEMPOTENCY_KEYS_TABLE.format(timestamp="TEXT"))  # (why: storage/base.py)
 
 
 def _m012_leases_as_rows(db: sqlite3.Connection) -> None:
