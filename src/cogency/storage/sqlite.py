@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
@@ -89,6 +90,8 @@ from .base import (
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
+INLINE_CHARACTERS = 65_536
+"""Text a call may carry and still run on the event loop (see ``SQLiteStore._run``)."""
 SYNCHRONOUS = ("normal", "full")
 """The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
 
@@ -445,8 +448,12 @@ class SQLiteStore:
 
     The file is created on first use, in a directory that must exist (``create_dirs=True``
     creates missing ones, as the default database does in the user's data directory);
-    ``":memory:"`` keeps everything in memory. Calls run on one worker thread so the event
-    loop never blocks on disk.
+    ``":memory:"`` keeps everything in memory. Calls that may wait run on one worker thread,
+    so the event loop never waits on disk or on another process's lock; the short calls of a
+    turn that need neither (no flush, no lock held elsewhere, little text) run on the event
+    loop itself when the worker is idle, as moving them to the thread and back costs more
+    than they do (an automatic checkpoint such a commit may start, once per ~1,000 pages of
+    log, then runs there too; it waits on no lock).
 
     A running task is held by a lease of ``lease`` seconds that this store renews while the
     run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
@@ -504,6 +511,10 @@ class SQLiteStore:
         self._flushing = self.synchronous == "full"
         """Whether the connection's ``PRAGMA synchronous`` is FULL now (see ``_write``)."""
         self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        """Held by whoever uses the connection: the worker thread, or a call on the loop."""
+        self._handed = self._finished = 0  # the last job handed to the worker, the last done
+        self._waits = True  # whether the connection's busy timeout is on (see _run)
         self._closed = False
         self._windows = _Windows()
 
@@ -599,17 +610,43 @@ class SQLiteStore:
             raise
         return db
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T:
+        """``fn`` on the worker thread; ``inline=True`` (a call that flushes nothing and
+        carries little text) runs it here on the event loop instead when nothing is queued
+        for the worker, with the busy timeout off: a lock held by another connection sends it
+        to the worker, to wait there as any call does. The loop never waits on a lock."""
+        if (inline and self._db is not None and self._finished == self._handed
+                and self._lock.acquire(blocking=False)):
+            try:
+                return self._call(fn, waits=False)
+            except _Busy:
+                pass
+            finally:
+                self._lock.release()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="cogency-sqlite")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, fn)
+        self._handed += 1
+        ticket = self._handed
 
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def job() -> T:
+            with self._lock:
+                try:
+                    return self._call(fn)
+                finally:
+                    self._finished = ticket  # the worker runs jobs in order: all before too
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T], *, waits: bool = True) -> T:
         db = self._connect()
         try:
+            if waits != self._waits:
+                db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms if waits else 0}")
+                self._waits = waits
             return fn(db)
         except sqlite3.Error as exc:
+            if not waits and _locked(exc):
+                raise _Busy() from exc  # (a write rolled back first)
             raise _storage_error(exc, self.path) from exc
         except (UnicodeEncodeError, OverflowError) as exc:  # values SQLite cannot bind
             raise UsageError(
@@ -635,7 +672,7 @@ class SQLiteStore:
                 # Read by SQLite at each commit; refused inside a transaction, so set before.
                 db.execute(f"PRAGMA synchronous = {'FULL' if flushing else 'NORMAL'}")
                 self._flushing = flushing
-            if not wait:
+            if not wait and self._waits:
                 db.execute("PRAGMA busy_timeout = 0")
                 try:
                     db.execute("BEGIN IMMEDIATE")
@@ -674,12 +711,16 @@ class SQLiteStore:
                     [(conversation, runner) for conversation, (runner, _) in holds.items()])
 
             try:
-                await self._run(self._write(let_go, wait=False, flush=False))
+                await self._run(self._write(let_go, wait=False, flush=False), inline=True)
             except StorageError:
                 pass  # they lapse by themselves
         self._closed = True
         if self._executor is not None:
             await self._run_close()
+        elif self._db is not None:  # every call ran on the loop: nothing runs on the worker
+            with self._lock:
+                self._db.close()
+                self._db = None
 
     async def _run_close(self) -> None:
         assert self._executor is not None
@@ -749,7 +790,8 @@ class SQLiteStore:
                                                          appended)
             return conversation
 
-        conversation = await self._run(self._write(work, flush=False))  # the completion flushes
+        conversation = await self._run(self._write(work, flush=False),  # the completion flushes
+                                       inline=_little(task.query, messages))
         if task.runner:
             self._leases.hold_task(task.task_id, task.runner, 1, task.conversation_id)
         return conversation
@@ -864,7 +906,7 @@ class SQLiteStore:
             )
             return int(epoch) + 1, conversation_id
 
-        epoch, conversation_id = await self._run(self._write(work, flush=False))
+        epoch, conversation_id = await self._run(self._write(work, flush=False), inline=True)
         self._leases.hold_task(task_id, runner, epoch, conversation_id)
         return epoch
 
@@ -881,7 +923,8 @@ class SQLiteStore:
                     ),
                     wait=False,  # a run never waits to let go: its claim is void here anyway
                     flush=False,  # a lost release names a dead runner: free to take
-                )
+                ),
+                inline=True,
             )
         except BaseException:
             abandon_runner(runner)  # the run is over even if its row still names it
@@ -935,7 +978,7 @@ class SQLiteStore:
             return (lost(db, "task_workspaces", "task_id", tasks, until),
                     lost(db, "conversation_runs", "conversation_id", holds, until))
 
-        return await self._run(self._write(work, wait=False, flush=False))
+        return await self._run(self._write(work, wait=False, flush=False), inline=True)
 
     async def save(self, batch: SaveBatch) -> int:
         fence = self._leases.fence(batch.task_id)
@@ -970,7 +1013,8 @@ class SQLiteStore:
                 )
             return version
 
-        version = await self._run(self._write(work))
+        version = await self._run(self._write(work), inline=self.synchronous == "normal"
+                                  and _little("", batch.messages, batch.workspace))
         if batch.complete:
             self._leases.drop_task(batch.task_id)
         return version
@@ -979,7 +1023,8 @@ class SQLiteStore:
 
     async def load_conversation(self, conversation_id: str, user_id: str) -> ConversationRecord:
         return await self._run(
-            lambda db: _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
+            lambda db: _find_conversation(db, conversation_id, user_id, missing=NotFoundError),
+            inline=True,
         )
 
     async def list_conversations(
@@ -1233,7 +1278,7 @@ class SQLiteStore:
             row = db.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
             return None if row is None else api_key_record(row)
 
-        return await self._run(work)
+        return await self._run(work, inline=True)  # every request of the service: one row
 
     async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
         def work(db: sqlite3.Connection) -> list[ApiKeyRecord]:
@@ -1290,7 +1335,7 @@ class SQLiteStore:
             )
             return epoch
 
-        epoch = await self._run(self._write(work, flush=False))
+        epoch = await self._run(self._write(work, flush=False), inline=True)
         self._leases.hold_conversation(conversation_id, runner, epoch)
 
     async def release_conversation(self, conversation_id: str, runner: str) -> None:
@@ -1304,7 +1349,8 @@ class SQLiteStore:
                         (conversation_id, runner),
                     ),
                     flush=False,
-                )
+                ),
+                inline=True,
             )
         except BaseException:
             abandon_runner(runner)  # its row is stale from now on, whatever the database says
@@ -1346,7 +1392,7 @@ class SQLiteStore:
             return None
 
         # Lost to a power loss with the run it was to start (the run's first flush keeps it).
-        return await self._run(self._write(work, flush=False))
+        return await self._run(self._write(work, flush=False), inline=True)
 
     async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
                              conversation_id: str | None = None,
@@ -1357,7 +1403,8 @@ class SQLiteStore:
             "WHERE user_id = ? AND key_hash = ?",
             (task_id, conversation_id, None if outcome is None else dumps(outcome), user_id,
              key),
-        ), flush=outcome is not None))  # the outcome is what a retry is answered with
+        ), flush=outcome is not None),  # the outcome is what a retry is answered with
+            inline=outcome is None or self.synchronous == "normal")
 
     async def drop_request(self, user_id: str, key: str) -> None:
         await self._run(self._write(lambda db: db.execute(
@@ -1801,6 +1848,25 @@ def _still_valid(db: sqlite3.Connection, record: ConversationRecord, entry: Wind
         (record.conversation_id, entry.last_seq),
     ).fetchone()
     return row is not None and row[0] == entry.last_stamp
+
+
+class _Busy(Exception):
+    """A call on the event loop met a lock held by another connection: it goes to the worker
+    thread to wait for it there (``SQLiteStore._run``)."""
+
+
+def _locked(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
+def _little(text: str, messages: Sequence[Mapping[str, Any]],
+            workspace: Mapping[str, Any] | None = None) -> bool:
+    """Whether a call's text is short enough to be written on the event loop."""
+    size = len(text) + sum(len(m.get("content") or "") for m in messages)
+    if workspace:
+        size += sum(len(str(value)) for value in workspace.values())
+    return size < INLINE_CHARACTERS
 
 
 def _storage_error(exc: sqlite3.Error, path: str) -> StorageError:
