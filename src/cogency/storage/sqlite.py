@@ -515,6 +515,7 @@ class SQLiteStore:
         """Held by whoever uses the connection: the worker thread, or a call on the loop."""
         self._handed = self._finished = 0  # the last job handed to the worker, the last done
         self._waits = True  # whether the connection's busy timeout is on (see _run)
+        self._on_commit: list[Callable[[], None]] = []  # run once the transaction commits
         self._closed = False
         self._windows = _Windows()
 
@@ -683,10 +684,16 @@ class SQLiteStore:
             try:
                 result = fn(db)
             except BaseException:
+                self._on_commit.clear()
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
+            try:
+                db.execute("COMMIT")
+            finally:
+                done, self._on_commit = self._on_commit, []
+            for hook in done:
+                hook()
             return result
 
         return transaction
@@ -994,7 +1001,9 @@ class SQLiteStore:
                     return version  # an earlier attempt of this completion landed
                 version = checked
             if batch.messages:
-                self._windows.note(batch.conversation_id, _append(db, batch, stamp))
+                appended = _append(db, batch, stamp)
+                self._on_commit.append(lambda: self._windows.note(batch.conversation_id,
+                                                                  appended))
             if batch.profile is not None:
                 given = batch.profile
                 _change_profile(db, batch.user_id, lambda book: book.take(given), stamp)
@@ -1797,15 +1806,33 @@ class _Windows(Windows):
     rows after the last ``seq`` each saw: loading history costs the same at turn 10 and turn
     100,000 however many messages fit the budget."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._tails: dict[str, list[dict[str, Any]]] = {}
+        """Rows this store committed after a cached window's last, in order: the next load
+        takes them as written instead of reading them back (and counts nothing before)."""
+
     def note(self, conversation_id: str, appended: Sequence[dict[str, Any]]) -> None:
-        """Bring the conversation's cached window (if any) up to ``appended``, the rows this
-        transaction just wrote, when they follow the last it saw: the next load reads none of
-        them back. It still checks that the newest is there, as for any cached window: a
-        transaction rolled back after this leaves it missing, and the window is read afresh."""
+        """Keep ``appended``, rows a commit just wrote, for the conversation's cached window
+        (if any) when they follow what it has seen or kept (called after the commit)."""
         entry = self._entries.get(conversation_id)
-        if entry is not None and appended and appended[0]["seq"] == entry.last_seq + 1:
-            self._entries[conversation_id] = entry.advanced(
-                list(appended), appended[-1]["seq"], appended[-1]["created_at"])
+        if entry is None or not appended:
+            return
+        tail = self._tails.get(conversation_id, [])
+        if appended[0]["seq"] == (tail[-1]["seq"] if tail else entry.last_seq) + 1:
+            self._tails[conversation_id] = [*tail, *appended]
+        elif appended[0]["seq"] == entry.last_seq + 1:
+            self._tails[conversation_id] = list(appended)
+        else:
+            self._tails.pop(conversation_id, None)
+
+    def drop(self, conversation_id: str) -> None:
+        super().drop(conversation_id)
+        self._tails.pop(conversation_id, None)
+
+    def clear(self) -> None:
+        super().clear()
+        self._tails.clear()
 
     def load(self, db: sqlite3.Connection, record: ConversationRecord, budget: int,
              appended: Sequence[dict[str, Any]] = ()) -> History:
@@ -1814,6 +1841,7 @@ class _Windows(Windows):
         as they are when they are all the window has not seen."""
         key = record.conversation_id
         entry = self.get(key, budget)
+        known = [*self._tails.pop(key, ()), *appended]
         if entry is None or not _still_valid(db, record, entry):
             rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,))
             messages = [_message(row) for row in rows.fetchmany(1)]
@@ -1822,8 +1850,10 @@ class _Windows(Windows):
             entry = Window.newest(budget, chain(messages, map(_message, rows)), last_seq,
                                   last_stamp)
         elif record.message_count > entry.last_seq:
-            if appended and appended[0]["seq"] == entry.last_seq + 1:
-                fresh = list(appended)  # no need to read back what was just written
+            if (known and known[0]["seq"] == entry.last_seq + 1
+                    and known[-1]["seq"] == record.message_count
+                    and all(b["seq"] == a["seq"] + 1 for a, b in zip(known, known[1:]))):
+                fresh = known  # no need to read back what was just written
             else:
                 fresh = [
                     _message(row)
