@@ -647,7 +647,9 @@ class SQLiteStore:
             return fn(db)
         except sqlite3.Error as exc:
             if not waits and _locked(exc):
-                raise _Busy() from exc  # (a write rolled back first)
+                if db.in_transaction:  # (a write's own rollback did this already)
+                    db.execute("ROLLBACK")
+                raise _Busy() from exc
             raise _storage_error(exc, self.path) from exc
         except (UnicodeEncodeError, OverflowError) as exc:  # values SQLite cannot bind
             raise UsageError(
@@ -1406,14 +1408,14 @@ class SQLiteStore:
     async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
                              conversation_id: str | None = None,
                              outcome: dict[str, Any] | None = None) -> None:
+        text = None if outcome is None else dumps(outcome)
         await self._run(self._write(lambda db: db.execute(
             "UPDATE idempotency_keys SET task_id = COALESCE(?, task_id), conversation_id = "
             "COALESCE(?, conversation_id), outcome = COALESCE(?, outcome) "
             "WHERE user_id = ? AND key_hash = ?",
-            (task_id, conversation_id, None if outcome is None else dumps(outcome), user_id,
-             key),
-        ), flush=outcome is not None),  # the outcome is what a retry is answered with
-            inline=outcome is None or self.synchronous == "normal")
+            (task_id, conversation_id, text, user_id, key),
+        ), flush=text is not None),  # the outcome is what a retry is answered with
+            inline=text is None or self.synchronous == "normal" and _little(text, ()))
 
     async def drop_request(self, user_id: str, key: str) -> None:
         await self._run(self._write(lambda db: db.execute(
