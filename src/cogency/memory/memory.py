@@ -301,8 +301,7 @@ class Memory:
             return 0
         store = self._store()
         await self._prune(store)
-        claims = await store.claim_learning(self._new_holder(), limit=self.max_learning,
-                                            lease=self._lease())
+        claims = await self._claim(store, limit=self.max_learning)
         for claim in claims:
             if self.learning(claim.user_id) is not None:
                 self._handed[claim.user_id] = claim  # its worker here takes it next
@@ -456,8 +455,7 @@ class Memory:
             while True:
                 claim = claim or self._handed.pop(user_id, None)
                 if claim is None:
-                    claims = await store.claim_learning(self._new_holder(), user_id=user_id,
-                                                        lease=self._lease())
+                    claims = await self._claim(store, user_id=user_id)
                     # Nothing awaits between these checks and returning: a user queued again
                     # (or a claim handed over) meanwhile is seen here, or finds no worker.
                     if not claims and user_id in self._handed:
@@ -482,6 +480,19 @@ class Memory:
                 left = self._handed.pop(user_id, None)
                 if left is not None:  # (a worker that failed): let the next claim take it
                     await asyncio.shield(self._release(left, None))
+
+    async def _claim(self, store: Store, **which: Any) -> list[LearningClaim]:
+        """``store.claim_learning`` under a holder of its own. Cancelled while the claim is in
+        flight (a settle that timed out, a shutdown), the holder is let go: a claim that lands
+        after all is anyone's to take at once, never held until its lease lapses."""
+        from ..storage.base import abandon_runner
+
+        holder = self._new_holder()
+        try:
+            return await store.claim_learning(holder, lease=self._lease(), **which)
+        except BaseException:
+            abandon_runner(holder)
+            raise
 
     async def _learn_claim(self, claim: LearningClaim) -> bool:
         """Learn one claim, retrying; ``False`` when it failed and was released to wait."""
