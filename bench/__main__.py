@@ -743,8 +743,8 @@ loss. No figure compares frameworks at different settings.
   with a `conversation_id`. All through each framework's async API.
 - **One-step and tool-call runs** use no database for the peers (their agents keep nothing
   unless given one). Cogency has no such mode: every run saves its task (workspace row,
-  messages) and completes it, here in an in-memory SQLite store, through its worker thread;
-  that is what Agno's storage-less agent does not pay in these two rows.
+  messages) and completes it, here in an in-memory SQLite store (its short calls on the
+  event loop); that is what Agno's storage-less agent does not pay in these two rows.
 - **History windows are each framework's default**: LangGraph and the OpenAI SDK send the
   whole conversation every turn; Agno the last 3 runs; Cogency the newest messages within
   8,000 tokens (`history_tokens`), while every message stays in its database.

@@ -71,9 +71,10 @@ class CountingStore(SQLiteStore):
 
     writes = 0
 
-    def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Callable[[sqlite3.Connection], Any]:
+    def _write(self, fn: Callable[[sqlite3.Connection], Any], **how: bool
+               ) -> Callable[[sqlite3.Connection], Any]:
         self.writes += 1
-        return super()._write(fn)
+        return super()._write(fn, **how)
 
 
 def endless(*items: dict[str, Any]) -> Iterator[dict[str, Any]]:

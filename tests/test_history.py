@@ -196,7 +196,7 @@ async def test_a_turn_looks_at_its_new_messages_not_at_the_whole_window(any_stor
             store=any_store).run(f"turn {turn}", "alice", conversation)
         conversation = result.conversation_id
     window = any_store._windows._entries[conversation]
-    assert len(window.messages) == 599  # all but the last answer (read at the next turn)
+    assert len(window.messages) == 599  # all but the last answer (added at the next turn)
     window.messages = History(_Counted(m) for m in window.messages)
     _Counted.reads = 0
     agent = Agent(llm=ScriptedLLM([{"secure": True, "response": "last", "actions": []}]),

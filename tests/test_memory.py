@@ -451,7 +451,9 @@ async def test_two_concurrent_tasks_of_one_user_are_learned_once_each(store, db)
         peak = max(peak, active)
         await asyncio.sleep(0.05)  # room for another call of this user to start (none may)
         active -= 1
-        prompt = messages[0]["content"]
+        # The interactions to learn, after the profile block (which quotes a task learned
+        # before, when the two are learned one after the other).
+        prompt = messages[0]["content"].split("</profile>", 1)[-1]
         found = [q for q in ("task A", "task B") if q in prompt]
         learned.extend(found)
         return insights(goals=found, interests=found)

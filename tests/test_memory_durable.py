@@ -132,6 +132,37 @@ async def test_a_lapsed_claim_is_taken_over_and_its_late_result_is_fenced_out(an
     assert profile["interaction_count"] == 1 and profile["goals"] == ["learned once"]
 
 
+async def test_a_claim_cancelled_in_flight_is_free_to_take_at_once(db_path):
+    """Learning cancelled while its claim is on the way to the store (a settle that timed
+    out, a shutdown) lets the claim go if it lands: another Memory of this process takes it
+    at once, not after its lease (10 minutes) lapses."""
+    landed = asyncio.Event()
+
+    class Slow(SQLiteStore):
+        async def claim_learning(self, holder: str, **which: Any) -> Any:
+            claims = await super().claim_learning(holder, **which)
+            landed.set()
+            await asyncio.Event().wait()  # cancelled here: the claim is stored, not handed back
+            return claims
+
+    slow = Slow(db_path)
+    async with Agent(llm=ScriptedLLM([answer()]), store=slow,
+                     memory=Memory(llm=ScriptedLLM([]), settle_timeout=0)) as agent:
+        await agent.run("remember this", "alice")  # queued; its learning claims it
+        await asyncio.wait_for(landed.wait(), 10)
+    # closed: the learning in flight was cancelled
+    store = SQLiteStore(db_path)
+    other = Memory(store=store, llm=ScriptedLLM([insights(goals=["learned"])]))
+    try:
+        assert await other.catch_up() == 1
+        assert await other.settle()
+        assert (await store.load_profile("alice")).goals == ["learned"]
+    finally:
+        await other.close()
+        await store.close()
+        await slow.close()
+
+
 async def test_failed_learning_waits_its_back_off_and_is_visible(any_store, raw):
     down = RuntimeError("provider down")
     learner = ScriptedLLM([down, down, insights(goals=["finally"])])

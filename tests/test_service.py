@@ -105,7 +105,10 @@ def test_sse_carries_the_events_of_agent_stream(service):
 def test_a_conversation_runs_once_at_a_time_others_go_on(service):
     server, keys, db, tmp = service
     gate = tmp / f"gate-{uuid.uuid4().hex}"
-    with server.client(keys["alice"]) as alice:
+    # The requests made while the run is held use another key of alice's: this key's two
+    # slots may both be taken then (the held run, and learning from the first run).
+    with server.client(keys["alice"]) as alice, \
+            server.client(create_key(db, "alice")) as also_alice:
         first = run(alice, "start a conversation")
         conversation = first["conversation_id"]
         with alice.stream("POST", "/api/runs", json={
@@ -113,13 +116,13 @@ def test_a_conversation_runs_once_at_a_time_others_go_on(service):
         }) as held:
             events = sse_events(held)
             assert next(events)["type"] == "start"
-            busy = alice.post("/api/runs", json={"query": "me too",
-                                                 "conversation_id": conversation})
+            busy = also_alice.post("/api/runs", json={"query": "me too",
+                                                      "conversation_id": conversation})
             assert busy.status_code == 409
             assert busy.json()["error"]["type"] == "conflict"
             assert "has a run in flight" in busy.json()["error"]["message"]
             # another conversation of the same user runs meanwhile
-            assert run(alice, "elsewhere")["response"] == "echo: elsewhere"
+            assert run(also_alice, "elsewhere")["response"] == "echo: elsewhere"
             gate.touch()
             rest = [event["type"] for event in events]
             assert rest[-1] == "end"

@@ -204,6 +204,10 @@ while not followed.done():
         loop.run_until_complete(followed)
     except KeyboardInterrupt:  # the loop stops for it; go on to see what became of the run
         interrupts += 1
+# What the interrupted loop left queued (a run ending in the step a KeyboardInterrupt cut
+# short leaves run_until_complete's stop behind): run it now, not in the next call.
+loop.call_soon(loop.stop)
+loop.run_forever()
 events, run = followed.result()
 in_flight = len(runs)
 task = loop.run_until_complete(store.list_tasks("alice"))[0].task_id

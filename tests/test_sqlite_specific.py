@@ -117,6 +117,66 @@ async def test_durability_is_the_callers_choice_and_reaches_the_connection(tmp_p
         open_store("postgresql://localhost/db", synchronous="full")
 
 
+async def test_a_later_turn_writes_nothing_for_memory_and_reads_back_nothing_it_wrote(tmp_path):
+    """With memory off, a turn on an existing conversation sends no statement to
+    user_profiles (the conversation shows the user's row exists), and neither it nor the
+    turn before reads back the messages they stored (the cached window took them)."""
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    store = SQLiteStore(tmp_path / "t.db")
+    try:
+        async with Agent(ScriptedLLM([{"response": "one"}, {"response": "two"}]),
+                         store=store) as agent:
+            conversation = (await agent.run("hello", "alice")).conversation_id
+            traced: list[str] = []
+            await store._run(lambda db: db.set_trace_callback(traced.append))
+            assert (await agent.run("again", "alice", conversation)).response == "two"
+            await store._run(lambda db: db.set_trace_callback(None))
+        assert traced and not [sql for sql in traced if "user_profiles" in sql]
+        assert not [sql for sql in traced if sql.startswith("SELECT seq, role, content")]
+        messages = await store.load_messages(conversation, "alice", token_budget=8000)
+        assert [m["content"] for m in messages] == ["hello", "one", "again", "two"]
+    finally:
+        await store.close()
+
+
+async def test_a_turn_runs_its_sql_on_the_event_loop_and_waits_for_a_lock_off_it(tmp_path):
+    """The short calls of a turn run on the event loop (no hop to the worker thread and
+    back); one that meets a lock held by another connection waits for it on the worker
+    thread, so the loop goes on meanwhile (it never waits on a lock)."""
+    import threading
+
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path, busy_timeout=5)
+    try:
+        async with Agent(ScriptedLLM([{"response": "one"}, {"response": "two"},
+                                      {"response": "three"}]), store=store) as agent:
+            conversation = (await agent.run("hello", "alice")).conversation_id
+            threads: list[int] = []
+            await store._run(lambda db: db.set_trace_callback(
+                lambda _: threads.append(threading.get_ident())))
+            assert (await agent.run("again", "alice", conversation)).response == "two"
+            assert threads and set(threads) == {threading.get_ident()}
+
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")  # another process's write lock
+            try:
+                run = asyncio.ensure_future(agent.run("and again", "alice", conversation))
+                await asyncio.sleep(0.05)  # the loop runs: the run waits on the worker
+                assert not run.done()
+            finally:
+                other.execute("COMMIT")
+                other.close()
+            assert (await run).response == "three"
+            await store._run(lambda db: db.set_trace_callback(None))
+    finally:
+        await store.close()
+
+
 async def test_reopening_applies_no_migration_twice_and_keeps_data(db_path, db):
     first = SQLiteStore(db_path)
     state = await State.start_task("q", "alice", store=first)

@@ -516,15 +516,20 @@ class Memory:
         )
         return False
 
-    async def _claim(self, store: Store, **options: Any) -> list[LearningClaim]:
-        """Claim queued learning so that a cancellation cannot strand it: a claim the store
-        made while its caller was being cancelled (a settle that timed out) is released at once,
-        not left held until its lease lapses."""
+    async def _claim(self, store: Store, **which: Any) -> list[LearningClaim]:
+        """``store.claim_learning`` under a holder of its own, safe to cancel. Cancelled while
+        the claim is in flight (a settle that timed out, a shutdown), the holder is let go at
+        once (a claim that lands is free to take in this process) and what landed is released
+        in the store (free to take in any process): never held until its lease lapses."""
+        from ..storage.base import abandon_runner  # storage builds on memory's modules
+
+        holder = self._new_holder()
         claiming = asyncio.ensure_future(
-            store.claim_learning(self._new_holder(), lease=self._lease(), **options))
+            store.claim_learning(holder, lease=self._lease(), **which))
         try:
             return await asyncio.shield(claiming)
         except asyncio.CancelledError:
+            abandon_runner(holder)
             try:
                 claims = await asyncio.shield(claiming)
             except Exception:  # noqa: BLE001 - nothing was claimed

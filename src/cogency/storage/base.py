@@ -99,6 +99,25 @@ learning loses nothing. One row per user: a user's queued tasks are learned toge
 their number is bounded."""
 
 
+IDEMPOTENCY_KEYS_TABLE = """
+CREATE TABLE idempotency_keys (
+    user_id TEXT NOT NULL,               -- a key is its user's: scoped by it
+    key_hash TEXT NOT NULL,              -- SHA-256 of the key (never the key itself)
+    request_hash TEXT NOT NULL,          -- SHA-256 of the request: another is refused
+    task_id TEXT,                        -- the run it started, once begun
+    conversation_id TEXT,
+    outcome TEXT,                        -- JSON: what it was answered, once over
+    expires_at {timestamp} NOT NULL,     -- then the key may start a run again
+    PRIMARY KEY (user_id, key_hash)
+);
+CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys(expires_at);
+"""
+"""Migration ``m010_idempotency_keys`` on every backend, ``{timestamp}`` its time type (TEXT
+in ISO 8601 on SQLite): the HTTP service's idempotency keys, so a retried request (same key)
+gets the answer of the run the first one started, on any replica and after a restart, never a
+second run."""
+
+
 @dataclass
 class TaskRecord:
     """One row of ``task_workspaces``: an unfinished task and its working memory."""

@@ -56,6 +56,7 @@ from ._window import Newest, Window, Windows
 from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
+    IDEMPOTENCY_KEYS_TABLE,
     LEARN_BATCH,
     LEARNING_QUEUE_TABLE,
     LEARN_LEASE,
@@ -351,23 +352,7 @@ async def _m009_client_tool_calls(db: asyncpg.Connection) -> None:
 
 
 async def _m010_idempotency_keys(db: asyncpg.Connection) -> None:
-    # The HTTP service's idempotency keys: a retried request (same key) gets the answer of
-    # the run the first one started, on any replica and after a restart, never a second run.
-    await db.execute(
-        """
-        CREATE TABLE idempotency_keys (
-            user_id TEXT NOT NULL,               -- a key is its user's: scoped by it
-            key_hash TEXT NOT NULL,              -- SHA-256 of the key (never the key itself)
-            request_hash TEXT NOT NULL,          -- SHA-256 of the request: another is refused
-            task_id TEXT,                        -- the run it started, once begun
-            conversation_id TEXT,
-            outcome TEXT,                        -- JSON: what it was answered, once over
-            expires_at TIMESTAMPTZ NOT NULL,     -- then the key may start a run again
-            PRIMARY KEY (user_id, key_hash)
-        );
-        CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys(expires_at);
-        """
-    )
+    await db.execute(IDEMPOTENCY_KEYS_TABLE.format(timestamp="TIMESTAMPTZ"))  # (storage/base.py)
 
 
 async def _m011_conversation_turns(db: asyncpg.Connection) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
@@ -31,6 +32,7 @@ from ._window import Newest, Window, Windows
 from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
+    IDEMPOTENCY_KEYS_TABLE,
     LEARN_BATCH,
     LEARNING_QUEUE_TABLE,
     LEARN_LEASE,
@@ -88,6 +90,8 @@ from .base import (
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
+INLINE_CHARACTERS = 65_536
+"""Text a call may carry and still run on the event loop (see ``SQLiteStore._run``)."""
 SYNCHRONOUS = ("normal", "full")
 """The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
 
@@ -321,23 +325,7 @@ def _m007_service(db: sqlite3.Connection) -> None:
 
 
 def _m010_idempotency_keys(db: sqlite3.Connection) -> None:
-    # The HTTP service's idempotency keys: a retried request (same key) gets the answer of
-    # the run the first one started, on any replica and after a restart, never a second run.
-    _script(db,
-        """
-        CREATE TABLE idempotency_keys (
-            user_id TEXT NOT NULL,               -- a key is its user's: scoped by it
-            key_hash TEXT NOT NULL,              -- SHA-256 of the key (never the key itself)
-            request_hash TEXT NOT NULL,          -- SHA-256 of the request: another is refused
-            task_id TEXT,                        -- the run it started, once begun
-            conversation_id TEXT,
-            outcome TEXT,                        -- JSON: what it was answered, once over
-            expires_at TEXT NOT NULL,            -- then the key may start a run again
-            PRIMARY KEY (user_id, key_hash)
-        );
-        CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys(expires_at);
-        """
-    )
+    _script(db, IDEMPOTENCY_KEYS_TABLE.format(timestamp="TEXT"))  # (why: storage/base.py)
 
 
 def _m012_leases_as_rows(db: sqlite3.Connection) -> None:
@@ -460,8 +448,12 @@ class SQLiteStore:
 
     The file is created on first use, in a directory that must exist (``create_dirs=True``
     creates missing ones, as the default database does in the user's data directory);
-    ``":memory:"`` keeps everything in memory. Calls run on one worker thread so the event
-    loop never blocks on disk.
+    ``":memory:"`` keeps everything in memory. Calls that may wait run on one worker thread,
+    so the event loop never waits on disk or on another process's lock; the short calls of a
+    turn that need neither (no flush, no lock held elsewhere, little text) run on the event
+    loop itself when the worker is idle, as moving them to the thread and back costs more
+    than they do (an automatic checkpoint such a commit may start, once per ~1,000 pages of
+    log, then runs there too; it waits on no lock).
 
     A running task is held by a lease of ``lease`` seconds that this store renews while the
     run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
@@ -475,8 +467,20 @@ class SQLiteStore:
     ``synchronous`` is what a commit survives (SQLite's ``PRAGMA synchronous``, in WAL mode):
     ``"normal"`` (the default) survives the process crashing or being killed at any moment, but
     a power loss or an operating-system crash may lose the last commits (the file stays
-    consistent); ``"full"`` flushes every commit to the disk before it returns, so a commit
-    survives a power loss too, at the price of a disk flush per commit.
+    consistent); ``"full"`` flushes to the disk every commit that records an outcome, so an
+    outcome survives a power loss too, at the price of a disk flush for each.
+
+    What ``"full"`` flushes, and why that is every commit's promise: a commit that records
+    what a caller is told happened (a step's save, a task's completion or pause, approvals
+    decided or started, a served request's outcome, a profile change, an import, a deletion)
+    flushes the write-ahead log before it returns. A commit that only *prepares* a turn
+    (beginning a task, claiming or releasing a task or a conversation, renewing their leases,
+    claiming an idempotency key or noting the task it started) is written to the log without
+    a flush. The log is one file appended in order, so a flush makes every commit before it
+    durable too; a power loss can only take a suffix of the log, so the file comes back as it
+    was at some moment after the last flushed commit returned: a turn that had begun and not
+    yet answered may be gone, as if it had never started (a crash of the process loses
+    nothing either way). A one-step turn is thus one disk flush: its completion.
     """
 
     def __init__(
@@ -504,7 +508,14 @@ class SQLiteStore:
         self.lease = lease
         self._leases = Leases(lease, self._renew)
         self._db: sqlite3.Connection | None = None
+        self._flushing = self.synchronous == "full"
+        """Whether the connection's ``PRAGMA synchronous`` is FULL now (see ``_write``)."""
         self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        """Held by whoever uses the connection: the worker thread, or a call on the loop."""
+        self._handed = self._finished = 0  # the last job handed to the worker, the last done
+        self._waits = True  # whether the connection's busy timeout is on (see _run)
+        self._on_commit: list[Callable[[], None]] = []  # run once the transaction commits
         self._closed = False
         self._windows = _Windows()
 
@@ -548,6 +559,7 @@ class SQLiteStore:
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA journal_mode = WAL")
             db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            self._flushing = self.synchronous == "full"
             migrate(db)
         except BaseException as exc:
             if db is not None:  # a failed open (locked, too new, corrupt) keeps no connection
@@ -599,17 +611,45 @@ class SQLiteStore:
             raise
         return db
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T:
+        """``fn`` on the worker thread; ``inline=True`` (a call that flushes nothing and
+        carries little text) runs it here on the event loop instead when nothing is queued
+        for the worker, with the busy timeout off: a lock held by another connection sends it
+        to the worker, to wait there as any call does. The loop never waits on a lock."""
+        if (inline and self._db is not None and self._finished == self._handed
+                and self._lock.acquire(blocking=False)):
+            try:
+                return self._call(fn, waits=False)
+            except _Busy:
+                pass
+            finally:
+                self._lock.release()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="cogency-sqlite")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, fn)
+        self._handed += 1
+        ticket = self._handed
 
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def job() -> T:
+            with self._lock:
+                try:
+                    return self._call(fn)
+                finally:
+                    self._finished = ticket  # the worker runs jobs in order: all before too
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T], *, waits: bool = True) -> T:
         db = self._connect()
         try:
+            if waits != self._waits:
+                db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms if waits else 0}")
+                self._waits = waits
             return fn(db)
         except sqlite3.Error as exc:
+            if not waits and _locked(exc):
+                if db.in_transaction:  # (a write's own rollback did this already)
+                    db.execute("ROLLBACK")
+                raise _Busy() from exc
             raise _storage_error(exc, self.path) from exc
         except (UnicodeEncodeError, OverflowError) as exc:  # values SQLite cannot bind
             raise UsageError(
@@ -618,15 +658,24 @@ class SQLiteStore:
             ) from exc
 
     def _write(
-        self, fn: Callable[[sqlite3.Connection], T], *, wait: bool = True
+        self, fn: Callable[[sqlite3.Connection], T], *, wait: bool = True, flush: bool = True
     ) -> Callable[[sqlite3.Connection], T]:
         """``fn`` in one write transaction; ``wait=False`` fails at once on a held lock
-        instead of waiting up to the busy timeout (for what can be skipped or done later)."""
+        instead of waiting up to the busy timeout (for what can be skipped or done later).
+
+        ``flush=False`` marks a transaction that only prepares a turn: with
+        ``synchronous="full"`` it commits without flushing the log, and the next flushing
+        commit makes it durable with its own (the rule: the class docstring)."""
         if self.read_only:
             raise UsageError(f"the database {self.path!r} was opened read-only; nothing was written")
+        flushing = flush and self.synchronous == "full"
 
         def transaction(db: sqlite3.Connection) -> T:
-            if not wait:
+            if flushing != self._flushing:
+                # Read by SQLite at each commit; refused inside a transaction, so set before.
+                db.execute(f"PRAGMA synchronous = {'FULL' if flushing else 'NORMAL'}")
+                self._flushing = flushing
+            if not wait and self._waits:
                 db.execute("PRAGMA busy_timeout = 0")
                 try:
                     db.execute("BEGIN IMMEDIATE")
@@ -637,10 +686,16 @@ class SQLiteStore:
             try:
                 result = fn(db)
             except BaseException:
+                self._on_commit.clear()
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
+            try:
+                db.execute("COMMIT")
+            finally:
+                done, self._on_commit = self._on_commit, []
+            for hook in done:
+                hook()
             return result
 
         return transaction
@@ -665,12 +720,16 @@ class SQLiteStore:
                     [(conversation, runner) for conversation, (runner, _) in holds.items()])
 
             try:
-                await self._run(self._write(let_go, wait=False))
+                await self._run(self._write(let_go, wait=False, flush=False), inline=True)
             except StorageError:
                 pass  # they lapse by themselves
         self._closed = True
         if self._executor is not None:
             await self._run_close()
+        elif self._db is not None:  # every call ran on the loop: nothing runs on the worker
+            with self._lock:
+                self._db.close()
+                self._db = None
 
     async def _run_close(self) -> None:
         assert self._executor is not None
@@ -700,11 +759,13 @@ class SQLiteStore:
             stamp = _time.now().isoformat()
             if hold is not None:
                 _check_hold(db, task.conversation_id, hold[1])
-            _ensure_profile(db, task.user_id, stamp)
             conversation = _find_conversation(db, task.conversation_id, task.user_id, missing=None)
             if conversation is None:
                 if _conversation_owner(db, task.conversation_id) is not None:
                     raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
+                # The user's row, which conversations and tasks name (a conversation of the
+                # user's shows it exists: no statement for it on a conversation's later turns).
+                _ensure_profile(db, task.user_id, stamp)
                 db.execute(
                     "INSERT INTO conversations (conversation_id, user_id, conversation_data, "
                     "updated_at, message_count) VALUES (?, ?, ?, ?, 0)",
@@ -727,16 +788,19 @@ class SQLiteStore:
                 raise ConflictError(
                     f"task {task.task_id!r} already exists; start tasks with a new id"
                 ) from exc
+            appended: list[dict[str, Any]] = []
             if messages:
                 batch = SaveBatch(task.user_id, task.task_id, task.conversation_id,
                                   task.version, list(messages))
-                _append(db, batch, stamp)
+                appended = _append(db, batch, stamp, new=True)
                 conversation.message_count += len(messages)
             if history_tokens is not None:
-                conversation.recent = self._windows.load(db, conversation, history_tokens)
+                conversation.recent = self._windows.load(db, conversation, history_tokens,
+                                                         appended)
             return conversation
 
-        conversation = await self._run(self._write(work))
+        conversation = await self._run(self._write(work, flush=False),  # the completion flushes
+                                       inline=_little(task.query, messages))
         if task.runner:
             self._leases.hold_task(task.task_id, task.runner, 1, task.conversation_id)
         return conversation
@@ -851,7 +915,7 @@ class SQLiteStore:
             )
             return int(epoch) + 1, conversation_id
 
-        epoch, conversation_id = await self._run(self._write(work))
+        epoch, conversation_id = await self._run(self._write(work, flush=False), inline=True)
         self._leases.hold_task(task_id, runner, epoch, conversation_id)
         return epoch
 
@@ -867,7 +931,9 @@ class SQLiteStore:
                         (task_id, runner),
                     ),
                     wait=False,  # a run never waits to let go: its claim is void here anyway
-                )
+                    flush=False,  # a lost release names a dead runner: free to take
+                ),
+                inline=True,
             )
         except BaseException:
             abandon_runner(runner)  # the run is over even if its row still names it
@@ -921,7 +987,7 @@ class SQLiteStore:
             return (lost(db, "task_workspaces", "task_id", tasks, until),
                     lost(db, "conversation_runs", "conversation_id", holds, until))
 
-        return await self._run(self._write(work, wait=False))
+        return await self._run(self._write(work, wait=False, flush=False), inline=True)
 
     async def save(self, batch: SaveBatch) -> int:
         fence = self._leases.fence(batch.task_id)
@@ -937,7 +1003,9 @@ class SQLiteStore:
                     return version  # an earlier attempt of this completion landed
                 version = checked
             if batch.messages:
-                _append(db, batch, stamp)
+                appended = _append(db, batch, stamp)
+                self._on_commit.append(lambda: self._windows.note(batch.conversation_id,
+                                                                  appended))
             if batch.profile is not None:
                 given = batch.profile
                 _change_profile(db, batch.user_id, lambda book: book.take(given), stamp)
@@ -956,7 +1024,8 @@ class SQLiteStore:
                 )
             return version
 
-        version = await self._run(self._write(work))
+        version = await self._run(self._write(work), inline=self.synchronous == "normal"
+                                  and _little("", batch.messages, batch.workspace))
         if batch.complete:
             self._leases.drop_task(batch.task_id)
         return version
@@ -965,7 +1034,8 @@ class SQLiteStore:
 
     async def load_conversation(self, conversation_id: str, user_id: str) -> ConversationRecord:
         return await self._run(
-            lambda db: _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
+            lambda db: _find_conversation(db, conversation_id, user_id, missing=NotFoundError),
+            inline=True,
         )
 
     async def list_conversations(
@@ -1219,7 +1289,7 @@ class SQLiteStore:
             row = db.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
             return None if row is None else api_key_record(row)
 
-        return await self._run(work)
+        return await self._run(work, inline=True)  # every request of the service: one row
 
     async def list_api_keys(self, user_id: str | None = None) -> list[ApiKeyRecord]:
         def work(db: sqlite3.Connection) -> list[ApiKeyRecord]:
@@ -1276,7 +1346,7 @@ class SQLiteStore:
             )
             return epoch
 
-        epoch = await self._run(self._write(work))
+        epoch = await self._run(self._write(work, flush=False), inline=True)
         self._leases.hold_conversation(conversation_id, runner, epoch)
 
     async def release_conversation(self, conversation_id: str, runner: str) -> None:
@@ -1288,8 +1358,10 @@ class SQLiteStore:
                         "UPDATE conversation_runs SET runner = NULL, lease_until = NULL "
                         "WHERE conversation_id = ? AND runner = ?",
                         (conversation_id, runner),
-                    )
-                )
+                    ),
+                    flush=False,
+                ),
+                inline=True,
             )
         except BaseException:
             abandon_runner(runner)  # its row is stale from now on, whatever the database says
@@ -1330,18 +1402,20 @@ class SQLiteStore:
             )
             return None
 
-        return await self._run(self._write(work))
+        # Lost to a power loss with the run it was to start (the run's first flush keeps it).
+        return await self._run(self._write(work, flush=False), inline=True)
 
     async def settle_request(self, user_id: str, key: str, *, task_id: str | None = None,
                              conversation_id: str | None = None,
                              outcome: dict[str, Any] | None = None) -> None:
+        text = None if outcome is None else dumps(outcome)
         await self._run(self._write(lambda db: db.execute(
             "UPDATE idempotency_keys SET task_id = COALESCE(?, task_id), conversation_id = "
             "COALESCE(?, conversation_id), outcome = COALESCE(?, outcome) "
             "WHERE user_id = ? AND key_hash = ?",
-            (task_id, conversation_id, None if outcome is None else dumps(outcome), user_id,
-             key),
-        )))
+            (task_id, conversation_id, text, user_id, key),
+        ), flush=text is not None),  # the outcome is what a retry is answered with
+            inline=text is None or self.synchronous == "normal" and _little(text, ()))
 
     async def drop_request(self, user_id: str, key: str) -> None:
         await self._run(self._write(lambda db: db.execute(
@@ -1666,14 +1740,17 @@ def _stored(db: sqlite3.Connection, batch: SaveBatch) -> dict[str, int]:
     return dict(rows.fetchall())
 
 
-def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
-    stored = _stored(db, batch)
+def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str, *, new: bool = False
+            ) -> list[dict[str, Any]]:
+    """Store the batch's messages not stored yet; returns the rows written, as read back.
+    ``new``: the messages of a task this transaction creates, so none can be stored yet."""
+    stored = {} if new else _stored(db, batch)
     fresh = [m for m in batch.messages if m.get("id") not in stored]
     for message in batch.messages:
         if message.get("id") in stored:
             message["seq"] = stored[message["id"]]
     if not fresh:
-        return
+        return []
     count = len(fresh)
     # Bumping the counter takes the seq range; BEGIN IMMEDIATE serializes writers.
     row = db.execute(
@@ -1690,15 +1767,14 @@ def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str) -> None:
     first = row[0] - count + 1
     for offset, message in enumerate(fresh):
         message["seq"] = first + offset
+    rows = [(m["seq"], m["role"], m["content"], m.get("task_id"), m.get("tokens", 0),
+             m.get("created_at") or stamp, m.get("id")) for m in fresh]
     db.executemany(
         "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, tokens, "
         "created_at, message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (batch.conversation_id, m["seq"], m["role"], m["content"], m.get("task_id"),
-             m.get("tokens", 0), m.get("created_at") or stamp, m.get("id"))
-            for m in fresh
-        ],
+        [(batch.conversation_id, *row) for row in rows],
     )
+    return [_message(row) for row in rows]
 
 
 _TASK_COLUMNS = (
@@ -1732,9 +1808,42 @@ class _Windows(Windows):
     rows after the last ``seq`` each saw: loading history costs the same at turn 10 and turn
     100,000 however many messages fit the budget."""
 
-    def load(self, db: sqlite3.Connection, record: ConversationRecord, budget: int) -> History:
+    def __init__(self) -> None:
+        super().__init__()
+        self._tails: dict[str, list[dict[str, Any]]] = {}
+        """Rows this store committed after a cached window's last, in order: the next load
+        takes them as written instead of reading them back (and counts nothing before)."""
+
+    def note(self, conversation_id: str, appended: Sequence[dict[str, Any]]) -> None:
+        """Keep ``appended``, rows a commit just wrote, for the conversation's cached window
+        (if any) when they follow what it has seen or kept (called after the commit)."""
+        entry = self._entries.get(conversation_id)
+        if entry is None or not appended:
+            return
+        tail = self._tails.get(conversation_id, [])
+        if appended[0]["seq"] == (tail[-1]["seq"] if tail else entry.last_seq) + 1:
+            self._tails[conversation_id] = [*tail, *appended]
+        elif appended[0]["seq"] == entry.last_seq + 1:
+            self._tails[conversation_id] = list(appended)
+        else:
+            self._tails.pop(conversation_id, None)
+
+    def drop(self, conversation_id: str) -> None:
+        super().drop(conversation_id)
+        self._tails.pop(conversation_id, None)
+
+    def clear(self) -> None:
+        super().clear()
+        self._tails.clear()
+
+    def load(self, db: sqlite3.Connection, record: ConversationRecord, budget: int,
+             appended: Sequence[dict[str, Any]] = ()) -> History:
+        """The window of ``record``'s conversation; ``appended``: the rows this transaction
+        just wrote (as :func:`_append` returns them), the newest of the conversation, used
+        as they are when they are all the window has not seen."""
         key = record.conversation_id
         entry = self.get(key, budget)
+        known = [*self._tails.pop(key, ()), *appended]
         if entry is None or not _still_valid(db, record, entry):
             rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,))
             messages = [_message(row) for row in rows.fetchmany(1)]
@@ -1743,12 +1852,17 @@ class _Windows(Windows):
             entry = Window.newest(budget, chain(messages, map(_message, rows)), last_seq,
                                   last_stamp)
         elif record.message_count > entry.last_seq:
-            fresh = [
-                _message(row)
-                for row in db.execute(
-                    _SELECT_MESSAGES + " AND seq > ? ORDER BY seq", (key, entry.last_seq)
-                )
-            ]
+            if (known and known[0]["seq"] == entry.last_seq + 1
+                    and known[-1]["seq"] == record.message_count
+                    and all(b["seq"] == a["seq"] + 1 for a, b in zip(known, known[1:]))):
+                fresh = known  # no need to read back what was just written
+            else:
+                fresh = [
+                    _message(row)
+                    for row in db.execute(
+                        _SELECT_MESSAGES + " AND seq > ? ORDER BY seq", (key, entry.last_seq)
+                    )
+                ]
             if fresh:
                 entry = entry.advanced(fresh, fresh[-1]["seq"], fresh[-1]["created_at"])
         return self.put(key, entry)
@@ -1766,6 +1880,25 @@ def _still_valid(db: sqlite3.Connection, record: ConversationRecord, entry: Wind
         (record.conversation_id, entry.last_seq),
     ).fetchone()
     return row is not None and row[0] == entry.last_stamp
+
+
+class _Busy(Exception):
+    """A call on the event loop met a lock held by another connection: it goes to the worker
+    thread to wait for it there (``SQLiteStore._run``)."""
+
+
+def _locked(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
+def _little(text: str, messages: Sequence[Mapping[str, Any]],
+            workspace: Mapping[str, Any] | None = None) -> bool:
+    """Whether a call's text is short enough to be written on the event loop."""
+    size = len(text) + sum(len(m.get("content") or "") for m in messages)
+    if workspace:
+        size += sum(len(str(value)) for value in workspace.values())
+    return size < INLINE_CHARACTERS
 
 
 def _storage_error(exc: sqlite3.Error, path: str) -> StorageError:

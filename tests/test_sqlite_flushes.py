@@ -1,0 +1,62 @@
+"""Disk flushes per turn at ``synchronous="full"``, counted for real (strace): a one-step turn
+is one flush, its completion; what only prepares it (beginning the task, holding the
+conversation, claiming an idempotency key) is made durable by that flush, as the log is
+appended in order (SQLiteStore's docstring)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+
+pytestmark = pytest.mark.skipif(shutil.which("strace") is None,
+                                reason="strace is not installed (apt-get install strace)")
+
+
+def flushes_per_turn(tmp_path: Path, mode: str, turns: int = 4) -> list[int]:
+    """fsync and fdatasync calls of every thread between each turn's two markers."""
+    trace = tmp_path / f"{mode}.strace"
+    done = subprocess.run(
+        ["strace", "-f", "-o", str(trace), "-e", "trace=fsync,fdatasync,access,faccessat,"
+         "faccessat2", sys.executable, str(TESTS / "fsync_worker.py"), str(tmp_path / "t.db"),
+         mode, str(turns)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts: list[int] = []
+    inside = False
+    for line in trace.read_text().splitlines():
+        marker = re.search(r"/cogency-turn-(\d+)-(start|end)", line)
+        if marker:
+            inside = marker.group(2) == "start"
+            if inside:
+                counts.append(0)
+        elif inside and re.search(r"\b(fsync|fdatasync)\(", line):
+            counts[-1] += 1
+    assert len(counts) == turns
+    return counts
+
+
+def test_a_one_step_turn_is_one_flush(tmp_path):
+    assert flushes_per_turn(tmp_path, "run") == [1, 1, 1, 1]
+
+
+def test_each_step_of_a_turn_flushes_its_save(tmp_path):
+    # The tool's result is stored before the model is asked again: resume never runs it twice.
+    assert flushes_per_turn(tmp_path, "tool") == [2, 2, 2, 2]
+
+
+def test_a_served_request_is_one_flush(tmp_path):
+    # Hold the conversation, begin, complete (the flush), let the conversation go.
+    assert flushes_per_turn(tmp_path, "served") == [1, 1, 1, 1]
+
+
+def test_a_served_request_with_an_idempotency_key_flushes_its_outcome_too(tmp_path):
+    # A retry is answered from the stored outcome: it flushes as the completion does.
+    assert flushes_per_turn(tmp_path, "served-key") == [2, 2, 2, 2]
