@@ -177,6 +177,46 @@ async def test_a_turn_runs_its_sql_on_the_event_loop_and_waits_for_a_lock_off_it
         await store.close()
 
 
+async def test_the_log_is_checkpointed_on_the_worker_never_on_the_event_loop(tmp_path):
+    """Turns whose calls all run on the event loop (synchronous=normal) still keep the
+    write-ahead log bounded, and every checkpoint (which flushes the file) runs on the
+    worker thread: SQLite's automatic one, run by whichever thread committed, is off."""
+    import threading
+
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    text = "x" * 30_000  # under the text a call may carry on the loop
+    turns = 2 * backend.CHECKPOINT_BYTES // (2 * len(text)) + 10
+    try:
+        async with Agent(ScriptedLLM([{"response": text}] * turns), store=store) as agent:
+            conversation = (await agent.run(text, "alice")).conversation_id
+            loop_thread = threading.get_ident()
+            checkpoints: list[int] = []
+            statements: list[int] = []
+
+            def trace(sql: str) -> None:
+                statements.append(threading.get_ident())
+                if "wal_checkpoint" in sql:
+                    checkpoints.append(threading.get_ident())
+
+            assert await store._run(
+                lambda db: db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 0
+            await store._run(lambda db: db.set_trace_callback(trace))
+            for _ in range(turns - 1):
+                await agent.run(text, "alice", conversation)
+            await store._run(lambda db: db.set_trace_callback(None))
+            assert statements.count(loop_thread) > len(statements) / 2  # the turns ran here
+            assert checkpoints and loop_thread not in checkpoints
+            wal = path.with_name(path.name + "-wal").stat().st_size
+            assert wal < 2 * backend.CHECKPOINT_BYTES  # reused from its start, not grown
+    finally:
+        await store.close()
+
+
 async def test_reopening_applies_no_migration_twice_and_keeps_data(db_path, db):
     first = SQLiteStore(db_path)
     state = await State.start_task("q", "alice", store=first)

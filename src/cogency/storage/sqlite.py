@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -88,8 +90,12 @@ from .base import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("cogency.storage")
 
 BUSY_TIMEOUT_MS = 10_000
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""Write-ahead log size at which the store checkpoints (on its worker thread): SQLite's
+automatic checkpoint, 1,000 pages of 4 KiB, would run in whatever thread committed."""
 INLINE_CHARACTERS = 65_536
 """Text a call may carry and still run on the event loop (see ``SQLiteStore._run``)."""
 SYNCHRONOUS = ("normal", "full")
@@ -452,8 +458,9 @@ class SQLiteStore:
     so the event loop never waits on disk or on another process's lock; the short calls of a
     turn that need neither (no flush, no lock held elsewhere, little text) run on the event
     loop itself when the worker is idle, as moving them to the thread and back costs more
-    than they do (an automatic checkpoint such a commit may start, once per ~1,000 pages of
-    log, then runs there too; it waits on no lock).
+    than they do. Checkpoints (copying the write-ahead log into the database, which flushes
+    the file) run only on the worker: SQLite's automatic ones are off, and the store hands
+    the worker one once the log reaches ``CHECKPOINT_BYTES``.
 
     A running task is held by a lease of ``lease`` seconds that this store renews while the
     run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
@@ -516,6 +523,10 @@ class SQLiteStore:
         self._handed = self._finished = 0  # the last job handed to the worker, the last done
         self._waits = True  # whether the connection's busy timeout is on (see _run)
         self._on_commit: list[Callable[[], None]] = []  # run once the transaction commits
+        self._wrote = False  # a commit since the log's size was last looked at
+        self._checkpointing: asyncio.Future[None] | None = None
+        self._log = (None if self.path == ":memory:" or self.path.startswith("file:")
+                     else str(Path(self.path).expanduser()) + "-wal")
         self._closed = False
         self._windows = _Windows()
 
@@ -558,6 +569,7 @@ class SQLiteStore:
             db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA wal_autocheckpoint = 0")  # the worker checkpoints (see _run)
             db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             self._flushing = self.synchronous == "full"
             migrate(db)
@@ -619,11 +631,23 @@ class SQLiteStore:
         if (inline and self._db is not None and self._finished == self._handed
                 and self._lock.acquire(blocking=False)):
             try:
-                return self._call(fn, waits=False)
+                result = self._call(fn, waits=False)
             except _Busy:
                 pass
+            else:
+                if self._wrote and self._checkpointing is None and self._log_is_full():
+                    self._checkpointing = self._hand(lambda db: None, checkpoint=True)
+                    self._checkpointing.add_done_callback(self._checkpointed)
+                return result
             finally:
                 self._lock.release()
+        return await self._hand(fn)
+
+    def _hand(self, fn: Callable[[sqlite3.Connection], T], *, checkpoint: bool = False
+              ) -> asyncio.Future[T]:
+        """``fn`` queued for the worker thread, after what was handed to it before; after
+        it, a checkpoint there if asked or if the write-ahead log has grown to
+        ``CHECKPOINT_BYTES``."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="cogency-sqlite")
         self._handed += 1
@@ -632,11 +656,27 @@ class SQLiteStore:
         def job() -> T:
             with self._lock:
                 try:
-                    return self._call(fn)
+                    result = self._call(fn)
+                    if checkpoint or (self._wrote and self._log_is_full()):
+                        self._call(lambda db: db.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+                    return result
                 finally:
                     self._finished = ticket  # the worker runs jobs in order: all before too
 
-        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        return asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def _log_is_full(self) -> bool:
+        self._wrote = False
+        try:
+            return self._log is not None and os.stat(self._log).st_size >= CHECKPOINT_BYTES
+        except OSError:
+            return False
+
+    def _checkpointed(self, done: asyncio.Future[None]) -> None:
+        self._checkpointing = None
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("checkpointing %r failed (the next one tries again): %s",
+                           self.path, done.exception())
 
     def _call(self, fn: Callable[[sqlite3.Connection], T], *, waits: bool = True) -> T:
         db = self._connect()
@@ -692,6 +732,7 @@ class SQLiteStore:
                 raise
             try:
                 db.execute("COMMIT")
+                self._wrote = True
             finally:
                 done, self._on_commit = self._on_commit, []
             for hook in done:
