@@ -676,7 +676,7 @@ class SQLiteStore:
         self._checkpointing = None
         if not done.cancelled() and done.exception() is not None:
             log.warning("checkpointing %r failed (the next one tries again): %s",
-                           self.path, done.exception())
+                        self.path, done.exception())
 
     def _call(self, fn: Callable[[sqlite3.Connection], T], *, waits: bool = True) -> T:
         db = self._connect()
