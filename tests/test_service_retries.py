@@ -51,6 +51,13 @@ def test_the_openai_client_never_runs_a_paused_or_failed_run_again(served):
     assert failed.value.response.headers["x-should-retry"] == "false"
     assert counts(db, user) == (2, 2)  # the failed run once, its task kept to resume
     assert "can be resumed" in failed.value.body["message"]
+    with pytest.raises(openai.APIStatusError) as gone:  # keeping nothing: nothing to resume
+        ai.chat.completions.create(model="cogency", store=False,
+                                   messages=[{"role": "user", "content": "fail"}])
+    assert gone.value.status_code == 502
+    assert counts(db, user) == (2, 2)  # its task and conversation deleted with it
+    assert "resume" not in gone.value.body["message"]
+    assert "nothing of it was kept (store: false)" in gone.value.body["message"]
 
 
 def test_an_idempotency_key_gets_the_first_runs_outcome(served):

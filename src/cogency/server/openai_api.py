@@ -227,7 +227,7 @@ def _headers(conversation_id: str, asked: Asked) -> dict[str, str]:
 async def _finished(run: Run) -> dict[str, Any]:
     result = await run.finished()
     if result["response"] is None and _client_calls(result) is None:
-        raise _unanswered(result)
+        raise _unanswered(result, run.kept)
     return result
 
 
@@ -239,8 +239,9 @@ def _client_calls(result: dict[str, Any]) -> list[dict[str, Any]] | None:
             if call.get("decider", "person") == "client"]
 
 
-def _unanswered(result: dict[str, Any]) -> AwaitingApproval | RunFailed:
-    """The error of a run over without an answer: paused for a person, or stopped."""
+def _unanswered(result: dict[str, Any], kept: bool) -> AwaitingApproval | RunFailed:
+    """The error of a run over without an answer: paused for a person, or stopped (its task
+    kept to resume, or, for a run that keeps nothing, gone)."""
     task = result["task_id"]
     if result["stop_reason"] == "awaiting_approval":
         calls = ", ".join(f"{c['name']} ({c['id']})" for c in result["pending_approvals"])
@@ -249,7 +250,8 @@ def _unanswered(result: dict[str, Any]) -> AwaitingApproval | RunFailed:
             f"/api/tasks/{task}/approvals (or on the web page), whose reply carries the answer")
     return RunFailed(f"the run stopped ({result['stop_reason']}) without an answer"
                      + (f": {result['error']}" if result.get("error") else "")
-                     + f"; task {task} can be resumed (POST /api/tasks/{task}/resume)")
+                     + (f"; task {task} can be resumed (POST /api/tasks/{task}/resume)" if kept
+                        else "; nothing of it was kept (store: false): send the request again"))
 
 
 def _chat_usage(result: dict[str, Any]) -> dict[str, int]:
@@ -282,7 +284,7 @@ def _failure(run: Run) -> dict[str, Any]:
     if run.failure is not None:
         status, kind, message = run.problem()
     else:
-        error = _unanswered(run.summary())
+        error = _unanswered(run.summary(), run.kept)
         status, kind, message = error.status, error.kind, str(error)
     return dict(openai_body(status, kind, message)["error"])
 

@@ -71,6 +71,9 @@ class Run:
         self.created = int(time.time())
         """When the run began (Unix seconds): what the OpenAI endpoints call ``created``, the
         same in every answer to the request, its retries' too."""
+        self.kept = True
+        """Whether its task is stored to resume (``False``: a run that keeps nothing, deleted
+        with its conversation once it ends, unless it paused)."""
 
     @classmethod
     def replayed(cls, record: RequestRecord) -> Run:
@@ -371,6 +374,7 @@ class Runs:
             assert conversation_id is not None
             await store.hold_conversation(conversation_id, user_id, runner)
         run = Run(key_id, conversation_id or "", user_id)
+        run.kept = asks is None or asks.get("keep", True) is not False
         self._live.add(run)
         if once is not None:
             self._keyed[(user_id, once.key)] = run
