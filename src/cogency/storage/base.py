@@ -118,6 +118,23 @@ gets the answer of the run the first one started, on any replica and after a res
 second run."""
 
 
+CONVERSATION_RUNS_TABLE = """
+CREATE TABLE conversation_runs (
+    conversation_id TEXT PRIMARY KEY,    -- one run at a time per conversation, across
+    user_id TEXT NOT NULL,               -- every process on this database
+    runner TEXT,                         -- host|pid|start|token; NULL: not held
+    epoch INTEGER NOT NULL DEFAULT 0,    -- bumped by each take and force release
+    lease_until {timestamp},             -- the hold lapses then unless renewed
+    started_at {timestamp} NOT NULL
+);
+CREATE INDEX conversation_runs_by_user ON conversation_runs(user_id);
+ALTER TABLE task_workspaces DROP COLUMN lease_holder;
+"""
+"""Migration ``m012_leases_as_rows`` on every backend, ``{timestamp}`` its time type: a
+conversation is held by a row with an epoch and an expiry its store renews (a task by
+columns of its ``task_workspaces`` row), instead of PostgreSQL's session advisory locks,
+whose key ``lease_holder`` kept."""
+
 @dataclass
 class TaskRecord:
     """One row of ``task_workspaces``: an unfinished task and its working memory."""

@@ -56,6 +56,7 @@ from ._window import Newest, Window, Windows
 from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
+    CONVERSATION_RUNS_TABLE,
     IDEMPOTENCY_KEYS_TABLE,
     LEARN_BATCH,
     LEARNING_QUEUE_TABLE,
@@ -395,20 +396,7 @@ async def _m012_leases_as_rows(db: asyncpg.Connection) -> None:
     # advisory locks: a pooler in transaction mode keeps no session, and a lost session no
     # longer drops a conversation's hold unseen. A conversation's row keeps its epoch when
     # released (runner NULL), so each take moves it on and fences out the run before.
-    await db.execute(
-        """
-        CREATE TABLE conversation_runs (
-            conversation_id TEXT PRIMARY KEY,    -- one run at a time per conversation, across
-            user_id TEXT NOT NULL,               -- every process on this database
-            runner TEXT,                         -- host|pid|start|token; NULL: not held
-            epoch INTEGER NOT NULL DEFAULT 0,    -- bumped by each take and force release
-            lease_until TIMESTAMPTZ,             -- the hold lapses then unless renewed
-            started_at TIMESTAMPTZ NOT NULL
-        );
-        CREATE INDEX conversation_runs_by_user ON conversation_runs(user_id);
-        ALTER TABLE task_workspaces DROP COLUMN lease_holder;
-        """
-    )
+    await db.execute(CONVERSATION_RUNS_TABLE.format(timestamp="TIMESTAMPTZ"))  # (storage/base.py)
 
 
 _USER = "current_setting('cogency.user_id', true)"

@@ -34,6 +34,7 @@ from ._window import Newest, Window, Windows
 from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
+    CONVERSATION_RUNS_TABLE,
     IDEMPOTENCY_KEYS_TABLE,
     LEARN_BATCH,
     LEARNING_QUEUE_TABLE,
@@ -341,21 +342,8 @@ def _m012_leases_as_rows(db: sqlite3.Connection) -> None:
     # released (runner NULL), keeping each conversation's epoch rising. Holds in flight at the
     # upgrade are dropped (they were not fenced anyway). lease_holder held PostgreSQL's
     # advisory-lock key, which leases as rows replace on both stores.
-    _script(db,
-        """
-        DROP TABLE conversation_runs;
-        CREATE TABLE conversation_runs (
-            conversation_id TEXT PRIMARY KEY,    -- one run at a time per conversation, across
-            user_id TEXT NOT NULL,               -- every process on this database
-            runner TEXT,                         -- host|pid|start|token; NULL: not held
-            epoch INTEGER NOT NULL DEFAULT 0,    -- bumped by each take and force release
-            lease_until TEXT,                    -- the hold lapses then unless renewed
-            started_at TEXT NOT NULL
-        );
-        CREATE INDEX conversation_runs_by_user ON conversation_runs(user_id);
-        ALTER TABLE task_workspaces DROP COLUMN lease_holder;
-        """
-    )
+    db.execute("DROP TABLE conversation_runs")
+    _script(db, CONVERSATION_RUNS_TABLE.format(timestamp="TEXT"))  # (storage/base.py)
 
 
 def _m011_conversation_turns(db: sqlite3.Connection) -> None:
@@ -525,7 +513,7 @@ class SQLiteStore:
         self._on_commit: list[Callable[[], None]] = []  # run once the transaction commits
         self._wrote = False  # a commit since the log's size was last looked at
         self._checkpointing: asyncio.Future[None] | None = None
-        self._log = (None if self.path == ":memory:" or self.path.startswith("file:")
+        self._log = (None if self.path == ":memory:"  # the write-ahead log _connect's file has
                      else str(Path(self.path).expanduser()) + "-wal")
         self._closed = False
         self._windows = _Windows()
