@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
@@ -432,6 +433,15 @@ def _applied(db: sqlite3.Connection) -> set[str]:
     return {"m001_initial"} if _has_table(db, "user_profiles") else set()
 
 
+def _checkpoint(db: sqlite3.Connection) -> None:
+    """Copy the write-ahead log into the database and empty the log file (``TRUNCATE``), so
+    its size says again what it holds: a log SQLite merely restarts keeps its size, and every
+    commit after would look like one that needs a checkpoint. Called with the busy timeout
+    off: with another connection reading an older snapshot it copies what it can and leaves
+    the file (``PASSIVE``), to try again at a later commit; it never waits."""
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+
+
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     row = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
     return row.fetchone() is not None
@@ -646,7 +656,8 @@ class SQLiteStore:
                 try:
                     result = self._call(fn)
                     if checkpoint or (self._wrote and self._log_is_full()):
-                        self._call(lambda db: db.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+                        with contextlib.suppress(_Busy):  # locked elsewhere: a later one
+                            self._call(_checkpoint, waits=False)
                     return result
                 finally:
                     self._finished = ticket  # the worker runs jobs in order: all before too
@@ -752,6 +763,8 @@ class SQLiteStore:
                 await self._run(self._write(let_go, wait=False, flush=False), inline=True)
             except StorageError:
                 pass  # they lapse by themselves
+        if self._checkpointing is not None:  # handed to the worker before: it runs, not fails
+            await asyncio.wait([self._checkpointing])
         self._closed = True
         if self._executor is not None:
             await self._run_close()
