@@ -188,7 +188,7 @@ class Agent:
         self.budgets = budgets
         self.approve = check_policy(approve)
         self._closed = False
-        self._runs: set[asyncio.Task[AgentResult]] = set()
+        self._runs: set[asyncio.Future[AgentResult]] = set()
 
     # -- public API -----------------------------------------------------------------------
 
@@ -383,12 +383,8 @@ class Agent:
             await self.memory.settle()  # asyncio.run would cancel learning left pending
         return result
 
-    async def _collect(self, events: AsyncIterator[Event]) -> AgentResult:
-        async for _ in events:
-            pass
-        result = getattr(events, "result", None)
-        assert isinstance(result, AgentResult)
-        return result
+    async def _collect(self, events: _EventStream) -> AgentResult:
+        return await events.collect()
 
     def _drive(
         self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], user_id: str,
@@ -739,6 +735,36 @@ class _EventStream:
         if self._iterator is not None:
             await self._iterator.aclose()  # type: ignore[attr-defined]
 
+    async def collect(self) -> AgentResult:
+        """Run to the end with nobody reading the events (``Agent.run``): they are dropped as
+        they are made, with no queue between the run and its caller."""
+        if self._iterator is not None:
+            raise UsageError("this run's events are being read: read them to the end instead")
+        task = self._start(self._work(_drop))
+        try:
+            await asyncio.wait([task])
+        finally:
+            if not task.done():  # the caller was cancelled: so is the run, which saves first
+                task.cancel()
+                await asyncio.wait([task])
+        return self._finish(task)
+
+    def _start(self, work: Awaitable[AgentResult]) -> asyncio.Future[AgentResult]:
+        task = asyncio.ensure_future(work)  # its own task, which Agent.close cancels
+        runs = self._agent._runs
+        runs.add(task)
+        task.add_done_callback(runs.discard)
+        return task
+
+    def _finish(self, task: asyncio.Future[AgentResult]) -> AgentResult:
+        if task.cancelled() and self._agent._closed:
+            raise UsageError(
+                "the agent was closed while this run was in flight: its task was saved and "
+                "released; resume it with a new Agent"
+            )
+        self.result = task.result()
+        return self.result
+
     async def _events(self) -> AsyncIterator[Event]:
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -748,23 +774,20 @@ class _EventStream:
             finally:
                 queue.put_nowait(self._DONE)
 
-        task = asyncio.create_task(produce())
-        runs = self._agent._runs
-        runs.add(task)
-        task.add_done_callback(runs.discard)
+        task = self._start(produce())
         try:
             while (event := await queue.get()) is not self._DONE:
                 yield event
-            if task.cancelled() and self._agent._closed:
-                raise UsageError(
-                    "the agent was closed while this run was in flight: its task was saved and "
-                    "released; resume it with a new Agent"
-                )
-            self.result = await task
+            await asyncio.wait([task])
+            self._finish(task)
         finally:
             if not task.done():
                 task.cancel()
                 await asyncio.wait([task])
+
+
+def _drop(event: Event) -> None:
+    """The events of a run nobody reads."""
 
 
 async def forget_user(
