@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
+from . import _sqlite_schema
 from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, process_of
 from ._window import Newest, Window, Windows
 from .base import (
@@ -392,38 +393,69 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
 assert tuple(name for name, _ in MIGRATIONS) == MIGRATION_NAMES
 
 
-def migrate(db: sqlite3.Connection, upto: str | None = None) -> list[str]:
-    """Apply the missing migrations in order (through ``upto``); returns the names applied."""
+def migrate(db: sqlite3.Connection, upto: str | None = None, *, replay: bool = False
+            ) -> list[str]:
+    """Apply the missing migrations in order (through ``upto``), in one transaction; returns
+    the names applied. An empty database gets the final schema in one step (``_create``),
+    unless ``replay``: every migration then runs, as for making that schema."""
     db.execute("BEGIN IMMEDIATE")
     try:
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations "
-            "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
-        )
-        done = {row[0] for row in db.execute("SELECT name FROM schema_migrations")}
-        newer = too_new(done)
-        if newer is not None:
-            raise newer
-        if not done and _has_table(db, "user_profiles"):
-            done.add("m001_initial")  # a seed-era database made without migrations
-            db.execute(
-                "INSERT INTO schema_migrations VALUES ('m001_initial', ?)", (_time.now().isoformat(),)
-            )
-        applied = []
-        for name, step in MIGRATIONS:
-            if name not in done:
-                step(db)
-                db.execute(
-                    "INSERT INTO schema_migrations VALUES (?, ?)", (name, _time.now().isoformat())
-                )
-                applied.append(name)
-            if name == upto:
-                break
+        if upto is None and not replay and _squashable(db):
+            applied = _create(db)
+        else:
+            applied = _replay(db, upto)
         db.execute("COMMIT")
         return applied
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _squashable(db: sqlite3.Connection) -> bool:
+    """Whether ``db`` holds nothing at all (no ``schema_migrations``, no seed-era tables) and
+    the squashed schema is that of these migrations (if not, it was not regenerated: replay)."""
+    return (_sqlite_schema.MIGRATION_NAMES == MIGRATION_NAMES
+            and db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is None)
+
+
+def _create(db: sqlite3.Connection) -> list[str]:
+    """The schema every migration ends with, made in one step (a quarter of the cost of
+    replaying them; tests/test_sqlite_schema.py holds the two equal), every migration
+    recorded as applied."""
+    for statement in _sqlite_schema.STATEMENTS:
+        db.execute(statement)
+    stamp = _time.now().isoformat()
+    db.executemany("INSERT INTO schema_migrations VALUES (?, ?)",
+                   [(name, stamp) for name in MIGRATION_NAMES])
+    return list(MIGRATION_NAMES)
+
+
+def _replay(db: sqlite3.Connection, upto: str | None) -> list[str]:
+    """Apply, inside the caller's transaction, each migration ``db`` lacks (through ``upto``)."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations "
+        "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    done = {row[0] for row in db.execute("SELECT name FROM schema_migrations")}
+    newer = too_new(done)
+    if newer is not None:
+        raise newer
+    if not done and _has_table(db, "user_profiles"):
+        done.add("m001_initial")  # a seed-era database made without migrations
+        db.execute(
+            "INSERT INTO schema_migrations VALUES ('m001_initial', ?)", (_time.now().isoformat(),)
+        )
+    applied = []
+    for name, step in MIGRATIONS:
+        if name not in done:
+            step(db)
+            db.execute(
+                "INSERT INTO schema_migrations VALUES (?, ?)", (name, _time.now().isoformat())
+            )
+            applied.append(name)
+        if name == upto:
+            break
+    return applied
 
 
 def _applied(db: sqlite3.Connection) -> set[str]:
