@@ -188,7 +188,7 @@ class Agent:
         self.budgets = budgets
         self.approve = check_policy(approve)
         self._closed = False
-        self._runs: set[asyncio.Future[AgentResult]] = set()
+        self._runs: set[asyncio.Task[AgentResult]] = set()
 
     # -- public API -----------------------------------------------------------------------
 
@@ -383,8 +383,12 @@ class Agent:
             await self.memory.settle()  # asyncio.run would cancel learning left pending
         return result
 
-    async def _collect(self, events: _EventStream) -> AgentResult:
-        return await events.collect()
+    async def _collect(self, events: AsyncIterator[Event]) -> AgentResult:
+        async for _ in events:
+            pass
+        result = getattr(events, "result", None)
+        assert isinstance(result, AgentResult)
+        return result
 
     def _drive(
         self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], user_id: str,
@@ -735,36 +739,6 @@ class _EventStream:
         if self._iterator is not None:
             await self._iterator.aclose()  # type: ignore[attr-defined]
 
-    async def collect(self) -> AgentResult:
-        """Run to the end with nobody reading the events (``Agent.run``): they are dropped as
-        they are made, with no queue between the run and its caller."""
-        if self._iterator is not None:
-            raise UsageError("this run's events are being read: read them to the end instead")
-        task = self._start(self._work(_drop))
-        try:
-            await asyncio.wait([task])
-        finally:
-            if not task.done():  # the caller was cancelled: so is the run, which saves first
-                task.cancel()
-                await asyncio.wait([task])
-        return self._finish(task)
-
-    def _start(self, work: Awaitable[AgentResult]) -> asyncio.Future[AgentResult]:
-        task = asyncio.ensure_future(work)  # its own task, which Agent.close cancels
-        runs = self._agent._runs
-        runs.add(task)
-        task.add_done_callback(runs.discard)
-        return task
-
-    def _finish(self, task: asyncio.Future[AgentResult]) -> AgentResult:
-        if task.cancelled() and self._agent._closed:
-            raise UsageError(
-                "the agent was closed while this run was in flight: its task was saved and "
-                "released; resume it with a new Agent"
-            )
-        self.result = task.result()
-        return self.result
-
     async def _events(self) -> AsyncIterator[Event]:
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -774,20 +748,23 @@ class _EventStream:
             finally:
                 queue.put_nowait(self._DONE)
 
-        task = self._start(produce())
+        task = asyncio.create_task(produce())
+        runs = self._agent._runs
+        runs.add(task)
+        task.add_done_callback(runs.discard)
         try:
             while (event := await queue.get()) is not self._DONE:
                 yield event
-            await asyncio.wait([task])
-            self._finish(task)
+            if task.cancelled() and self._agent._closed:
+                raise UsageError(
+                    "the agent was closed while this run was in flight: its task was saved and "
+                    "released; resume it with a new Agent"
+                )
+            self.result = await task
         finally:
             if not task.done():
                 task.cancel()
                 await asyncio.wait([task])
-
-
-def _drop(event: Event) -> None:
-    """The events of a run nobody reads."""
 
 
 async def forget_user(
