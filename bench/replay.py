@@ -102,7 +102,11 @@ async def capture(path: Path, turns: int, synchronous: str
 
 
 def replay_connection(path: Path, setup: list[Statement]) -> sqlite3.Connection:
+    from cogency.storage.sqlite import CHAIN_TURNS, _chain_turns
+
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    # The function the store's statements call (a turn's SQL work includes what it does).
+    db.create_function(CHAIN_TURNS, 2, _chain_turns, deterministic=True)
     run(db, setup)
     return db
 

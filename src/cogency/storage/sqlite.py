@@ -103,6 +103,10 @@ INLINE_CHARACTERS = 65_536
 """Text a call may carry and still run on the event loop (see ``SQLiteStore._run``)."""
 SYNCHRONOUS = ("normal", "full")
 """The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
+CHAIN_TURNS = "cogency_chain_turns"
+"""The SQL function (of the store's connection) that adds turns to a turns digest, as
+PostgreSQL's function of the same name does: ``cogency_chain_turns(digest, turns)``, ``turns``
+the turns' hashes (``base.turn_hash``) joined into one text."""
 
 
 def _m001_initial(db: sqlite3.Connection) -> None:
@@ -602,6 +606,9 @@ class SQLiteStore:
             db.execute("PRAGMA wal_autocheckpoint = 0")  # the worker checkpoints (see _run)
             db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             self._flushing = self.synchronous == "full"
+            # What _append's UPDATE chains the turns digest with (only this connection writes
+            # through it; nothing in the schema names it, so other connections need not).
+            db.create_function(CHAIN_TURNS, 2, _chain_turns, deterministic=True)
             migrate(db)
         except BaseException as exc:
             if db is not None:  # a failed open (locked, too new, corrupt) keeps no connection
@@ -833,7 +840,28 @@ class SQLiteStore:
             stamp = _time.now().isoformat()
             if hold is not None:
                 _check_hold(db, task.conversation_id, hold[1])
-            conversation = _find_conversation(db, task.conversation_id, task.user_id, missing=None)
+            fresh = list(messages)
+            seen: Seen | None = None
+            window = (None if history_tokens is None
+                      else self._windows.get(task.conversation_id, history_tokens))
+            bumped = None
+            conversation: ConversationRecord | None
+            if fresh and window is not None:
+                # A conversation this store has a window of is still there (nearly always):
+                # its row is read as its counter is bumped for the messages, with what checks
+                # the window, in one statement (when it is gone, it is found as below).
+                bumped = db.execute(*_bump(
+                    task.conversation_id, task.user_id, fresh, stamp,
+                    _RECORD_AND_STAMP, (task.conversation_id, window.last_seq))).fetchone()
+            if bumped is not None:
+                conversation = conversation_record(bumped[:5])  # its count with the messages
+                seen = (window.last_seq, bumped[5]) if window is not None else None
+            elif history_tokens is None:
+                conversation = _find_conversation(db, task.conversation_id, task.user_id,
+                                                  missing=None)
+            else:  # also what checks the window cached of it, in the same statement
+                conversation, seen = _find_windowed(db, self._windows, task.conversation_id,
+                                                    task.user_id, history_tokens, missing=None)
             if conversation is None:
                 if _conversation_owner(db, task.conversation_id) is not None:
                     raise NotFoundError(no_conversation(task.conversation_id, task.user_id))
@@ -863,14 +891,16 @@ class SQLiteStore:
                     f"task {task.task_id!r} already exists; start tasks with a new id"
                 ) from exc
             appended: list[dict[str, Any]] = []
-            if messages:
+            if bumped is not None:
+                appended = _insert(db, task.conversation_id, fresh, bumped[3], stamp)
+            elif fresh:
                 batch = SaveBatch(task.user_id, task.task_id, task.conversation_id,
-                                  task.version, list(messages))
+                                  task.version, fresh)
                 appended = _append(db, batch, stamp, new=True)
-                conversation.message_count += len(messages)
+                conversation.message_count += len(fresh)
             if history_tokens is not None:
                 conversation.recent = self._windows.load(db, conversation, history_tokens,
-                                                         appended)
+                                                         appended, seen)
             return conversation
 
         conversation = await self._run(self._write(work, flush=False),  # the completion flushes
@@ -1066,30 +1096,28 @@ class SQLiteStore:
     async def save(self, batch: SaveBatch) -> int:
         fence = self._leases.fence(batch.task_id)
 
-        def work(db: sqlite3.Connection) -> int:
+        def work(db: sqlite3.Connection, look: bool) -> int:
             stamp = _time.now().isoformat()
             version = batch.expected_version
             if fence is not None:
                 _check_hold(db, *fence)
             if batch.workspace is not None or batch.complete or batch.epoch is not None:
-                checked = _check_task(db, batch)
+                checked = _check_task(db, batch)  # a completion's deletes the row
                 if checked is None:
                     return version  # an earlier attempt of this completion landed
                 version = checked
             if batch.messages:
-                appended = _append(db, batch, stamp)
+                appended = _append(db, batch, stamp, look=look)
                 self._on_commit.append(lambda: self._windows.note(batch.conversation_id,
                                                                   appended))
             if batch.profile is not None:
                 given = batch.profile
                 _change_profile(db, batch.user_id, lambda book: book.take(given), stamp)
-            if batch.approvals or batch.settled:
-                _record_approvals(db, batch, stamp)
+            if (batch.approvals or batch.settled) and not batch.complete:
+                _record_approvals(db, batch, stamp)  # (a completion's go with its task)
             if batch.complete and batch.learn:
                 _queue_learning(db, batch, stamp)
-            if batch.complete:
-                db.execute("DELETE FROM task_workspaces WHERE task_id = ?", (batch.task_id,))
-            elif batch.workspace is not None:
+            if batch.workspace is not None and not batch.complete:
                 version += 1
                 db.execute(
                     "UPDATE task_workspaces SET workspace_data = ?, version = ?, updated_at = ?, "
@@ -1098,8 +1126,14 @@ class SQLiteStore:
                 )
             return version
 
-        version = await self._run(self._write(work), inline=self.synchronous == "normal"
-                                  and _little("", batch.messages, batch.workspace))
+        inline = self.synchronous == "normal" and _little("", batch.messages, batch.workspace)
+        try:
+            # Most saves are first attempts, whose messages nothing stored yet: they are
+            # written without looking for them first; the rare retry whose earlier attempt
+            # landed unseen meets them in the unique index and is saved again, looking.
+            version = await self._run(self._write(lambda db: work(db, False)), inline=inline)
+        except _Stored:
+            version = await self._run(self._write(lambda db: work(db, True)), inline=inline)
         if batch.complete:
             self._leases.drop_task(batch.task_id)
         return version
@@ -1134,11 +1168,14 @@ class SQLiteStore:
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
         def work(db: sqlite3.Connection) -> list[dict[str, Any]]:
-            record = _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
             if limit is not None or token_budget is None:
+                _find_conversation(db, conversation_id, user_id, missing=NotFoundError)
                 rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (conversation_id,))
                 return _window(rows, token_budget, limit)
-            return self._windows.load(db, record, token_budget)
+            record, seen = _find_windowed(db, self._windows, conversation_id, user_id,
+                                          token_budget, missing=NotFoundError)
+            assert record is not None
+            return self._windows.load(db, record, token_budget, seen=seen)
 
         return await self._run(work)
 
@@ -1769,6 +1806,34 @@ def _find_conversation(
     return conversation_record(row)
 
 
+Seen = tuple[int, "str | None"]
+"""A message's seq and its ``created_at`` (``None``: there is no such message)."""
+
+
+def _find_windowed(
+    db: sqlite3.Connection, windows: _Windows, conversation_id: str, user_id: str,
+    budget: int, missing: type[Exception] | None,
+) -> tuple[ConversationRecord | None, Seen | None]:
+    """:func:`_find_conversation`, reading in the same statement what checks the window
+    ``windows`` has cached of it for ``budget`` (if any): the ``created_at`` of the last
+    message that window saw (see :meth:`_Windows.load`)."""
+    entry = windows.get(conversation_id, budget)
+    if entry is None or entry.last_seq == 0:
+        return _find_conversation(db, conversation_id, user_id, missing), None
+    row = db.execute(
+        "SELECT conversation_id, user_id, conversation_data, message_count, updated_at, "
+        "(SELECT created_at FROM conversation_messages m WHERE "
+        "m.conversation_id = c.conversation_id AND m.seq = ?) "
+        "FROM conversations c WHERE conversation_id = ? AND user_id = ?",
+        (entry.last_seq, conversation_id, user_id),
+    ).fetchone()
+    if row is None:
+        if missing is None:
+            return None, None
+        raise missing(no_conversation(conversation_id, user_id))
+    return conversation_record(row[:5]), (entry.last_seq, row[5])
+
+
 def _check_hold(db: sqlite3.Connection, conversation_id: str, epoch: int) -> None:
     """Raise unless the conversation's hold still has ``epoch`` (nobody took it meanwhile)."""
     row = db.execute(
@@ -1780,8 +1845,14 @@ def _check_hold(db: sqlite3.Connection, conversation_id: str, epoch: int) -> Non
 
 def _check_task(db: sqlite3.Connection, batch: SaveBatch) -> int | None:
     """The version to write over, after the fence and version checks; ``None`` when the row is
-    gone because an earlier attempt of this completing save landed."""
+    gone because an earlier attempt of this completing save landed.
+
+    A completing save deletes the row here, reading what it checks as it goes: a check that
+    fails raises, and the transaction's rollback keeps the row (nothing else of the batch may
+    need it: its approvals would go with it, by the cascade, so a completion stores none)."""
     row = db.execute(
+        "DELETE FROM task_workspaces WHERE task_id = ? AND user_id = ? "
+        "RETURNING version, epoch, last_save" if batch.complete else
         "SELECT version, epoch, last_save FROM task_workspaces WHERE task_id = ? AND user_id = ?",
         (batch.task_id, batch.user_id),
     ).fetchone()
@@ -1814,41 +1885,83 @@ def _stored(db: sqlite3.Connection, batch: SaveBatch) -> dict[str, int]:
     return dict(rows.fetchall())
 
 
-def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str, *, new: bool = False
-            ) -> list[dict[str, Any]]:
+class _Stored(Exception):
+    """A save that did not look for its messages met one stored already (an earlier attempt
+    of it landed unseen): its transaction is rolled back, and it runs again looking."""
+
+
+def _append(db: sqlite3.Connection, batch: SaveBatch, stamp: str, *, new: bool = False,
+            look: bool = True) -> list[dict[str, Any]]:
     """Store the batch's messages not stored yet; returns the rows written, as read back.
-    ``new``: the messages of a task this transaction creates, so none can be stored yet."""
-    stored = {} if new else _stored(db, batch)
-    fresh = [m for m in batch.messages if m.get("id") not in stored]
+    ``new``: the messages of a task this transaction creates, so none can be stored yet.
+    ``look=False`` stores every message without looking for those stored by an earlier
+    attempt: the unique index on message ids finds any, and :class:`_Stored` is raised (the
+    caller rolls back and saves again, looking), so nothing is ever stored twice."""
+    stored = {} if new or not look else _stored(db, batch)
+    fresh = [m for m in batch.messages if m.get("id") not in stored] if stored else batch.messages
     for message in batch.messages:
         if message.get("id") in stored:
             message["seq"] = stored[message["id"]]
     if not fresh:
         return []
-    count = len(fresh)
-    # Bumping the counter takes the seq range; BEGIN IMMEDIATE serializes writers.
-    row = db.execute(
-        "UPDATE conversations SET message_count = message_count + ?, updated_at = ? "
-        "WHERE conversation_id = ? AND user_id = ? RETURNING message_count, turns_digest",
-        (count, stamp, batch.conversation_id, batch.user_id),
-    ).fetchone()
+    row = db.execute(*_bump(batch.conversation_id, batch.user_id, fresh, stamp)).fetchone()
     if row is None:
         raise NotFoundError(no_conversation(batch.conversation_id, batch.user_id))
-    turns = [piece for m in fresh if (piece := turn_hash(m["role"], m["content"]))]
-    if turns:  # the conversation's turns digest, in the same transaction
-        db.execute("UPDATE conversations SET turns_digest = ? WHERE conversation_id = ?",
-                   (chain_turns(row[1], turns), batch.conversation_id))
-    first = row[0] - count + 1
+    return _insert(db, batch.conversation_id, fresh, row[0], stamp,
+                   guard=not new and not look)
+
+
+def _bump(conversation_id: str, user_id: str, fresh: Sequence[dict[str, Any]], stamp: str,
+          returning: str = "message_count", extra: tuple[Any, ...] = ()
+          ) -> tuple[str, tuple[Any, ...]]:
+    """The statement (and its parameters) that bumps the conversation's counter for
+    ``fresh``, taking their seq range (BEGIN IMMEDIATE serializes writers), and chains its
+    turns digest with theirs (messages that are no turns leave it as it is); it returns
+    ``returning`` of the row (``extra``: that clause's parameters)."""
+    turns = "".join(piece for m in fresh if (piece := turn_hash(m["role"], m["content"])))
+    chain = f", turns_digest = {CHAIN_TURNS}(turns_digest, ?)" if turns else ""
+    return (
+        f"UPDATE conversations SET message_count = message_count + ?, updated_at = ?{chain} "
+        f"WHERE conversation_id = ? AND user_id = ? RETURNING {returning}",
+        (len(fresh), stamp, *((turns,) if turns else ()), conversation_id, user_id, *extra),
+    )
+
+
+_RECORD_AND_STAMP = (
+    "conversation_id, user_id, conversation_data, message_count, updated_at, "
+    "(SELECT created_at FROM conversation_messages WHERE conversation_id = ? AND seq = ?)"
+)
+"""What :func:`_bump` returns for ``begin_task``: the conversation's record, and the
+``created_at`` of a message (the last one its cached window saw)."""
+
+
+def _insert(db: sqlite3.Connection, conversation_id: str, fresh: Sequence[dict[str, Any]],
+            count: int, stamp: str, *, guard: bool = False) -> list[dict[str, Any]]:
+    """Store ``fresh`` as the conversation's newest messages, ``count`` its messages with
+    them; returns the rows written. ``guard``: one of them stored already raises
+    :class:`_Stored` (see :func:`_append`)."""
+    first = count - len(fresh) + 1
     for offset, message in enumerate(fresh):
         message["seq"] = first + offset
     rows = [(m["seq"], m["role"], m["content"], m.get("task_id"), m.get("tokens", 0),
              m.get("created_at") or stamp, m.get("id")) for m in fresh]
-    db.executemany(
-        "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, tokens, "
-        "created_at, message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [(batch.conversation_id, *row) for row in rows],
-    )
+    try:
+        db.executemany(
+            "INSERT INTO conversation_messages (conversation_id, seq, role, content, task_id, "
+            "tokens, created_at, message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(conversation_id, *row) for row in rows],
+        )
+    except sqlite3.IntegrityError as exc:
+        if guard and "message_id" in str(exc):
+            raise _Stored() from exc
+        raise
     return [_message(row) for row in rows]
+
+
+def _chain_turns(digest: str | None, turns: str) -> str | None:
+    """:data:`CHAIN_TURNS`: ``digest`` with the turns of ``turns`` (their hashes, 64 hex
+    digits each, joined) added in order, as ``base.chain_turns``."""
+    return chain_turns(digest, (turns[at : at + 64] for at in range(0, len(turns), 64)))
 
 
 _TASK_COLUMNS = (
@@ -1911,14 +2024,15 @@ class _Windows(Windows):
         self._tails.clear()
 
     def load(self, db: sqlite3.Connection, record: ConversationRecord, budget: int,
-             appended: Sequence[dict[str, Any]] = ()) -> History:
+             appended: Sequence[dict[str, Any]] = (), seen: Seen | None = None) -> History:
         """The window of ``record``'s conversation; ``appended``: the rows this transaction
         just wrote (as :func:`_append` returns them), the newest of the conversation, used
-        as they are when they are all the window has not seen."""
+        as they are when they are all the window has not seen. ``seen``: the seq and
+        ``created_at`` of a message as this transaction read them (``_find_windowed``)."""
         key = record.conversation_id
         entry = self.get(key, budget)
         known = [*self._tails.pop(key, ()), *appended]
-        if entry is None or not _still_valid(db, record, entry):
+        if entry is None or not _still_valid(db, record, entry, seen):
             rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,))
             messages = [_message(row) for row in rows.fetchmany(1)]
             last_seq, last_stamp = (
@@ -1942,13 +2056,16 @@ class _Windows(Windows):
         return self.put(key, entry)
 
 
-def _still_valid(db: sqlite3.Connection, record: ConversationRecord, entry: Window) -> bool:
+def _still_valid(db: sqlite3.Connection, record: ConversationRecord, entry: Window,
+                 seen: Seen | None = None) -> bool:
     # The last message seen is still there unchanged (a conversation erased and re-created
     # under the same id is read afresh).
     if record.message_count < entry.last_seq:
         return False
     if entry.last_seq == 0:
         return True
+    if seen is not None and seen[0] == entry.last_seq:
+        return seen[1] == entry.last_stamp  # read with the conversation's row
     row = db.execute(
         "SELECT created_at FROM conversation_messages WHERE conversation_id = ? AND seq = ?",
         (record.conversation_id, entry.last_seq),
