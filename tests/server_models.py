@@ -22,6 +22,7 @@ An endless script whose reply depends on the query, so many users can talk to on
 - ``weather CITY`` calls the client's tool ``get_weather`` (an OpenAI client's function) when
   it is offered, then answers with what it returned (``the weather in CITY: …``); ``weather
   and time CITY`` also calls ``get_time`` in the same step; without the tool it says so;
+- ``weather then fail CITY`` calls ``get_weather`` as ``weather CITY`` does, then fails;
 - ``clock`` calls Open WebUI's built-in ``get_current_timestamp`` when it is offered, then
   answers with its result;
 - ``instructions`` is answered with the client's instructions as the model got them;
@@ -127,6 +128,8 @@ async def _reply(messages):
             if query.startswith("weather and time"):
                 calls.append({"name": "get_time", "args": {"city": city}})
             return {"actions": calls}
+        if query.startswith("weather then fail"):
+            raise RuntimeError("the model broke after the tool")
         results = [m["content"].split("<tool_output>\n", 1)[-1].split("\n</tool_output>")[0]
                    for m in messages if m["content"].startswith("TOOL RESULT")]
         return {"response": f"the weather in {city}: {'; '.join(results)}"}

@@ -60,6 +60,31 @@ def test_the_openai_client_never_runs_a_paused_or_failed_run_again(served):
     assert "nothing of it was kept (store: false)" in gone.value.body["message"]
 
 
+def test_a_store_false_task_that_fails_when_continued_says_nothing_was_kept(served):
+    """A store: false chat paused on a client's tool is kept until the request that continues
+    it; when that continuation fails, the task is gone with its conversation, and the error
+    says so (not that it can be resumed)."""
+    server, db, _ = served
+    user = f"once-{uuid.uuid4().hex[:8]}"
+    ai = openai.OpenAI(base_url=server.url + "/v1", api_key=create_key(db, user), timeout=60)
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    asked = [{"role": "user", "content": "weather then fail Oslo"}]
+    first = ai.chat.completions.create(model="cogency", store=False, tools=tools, messages=asked)
+    [call] = first.choices[0].message.tool_calls
+    assert counts(db, user) == (1, 1)  # paused: kept until the continuation
+    with pytest.raises(openai.APIStatusError) as failed:
+        ai.chat.completions.create(model="cogency", store=False, tools=tools, messages=[
+            *asked, first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}])
+    assert failed.value.status_code == 502
+    assert counts(db, user) == (0, 0)  # the task and its conversation deleted with it
+    assert "resume" not in failed.value.body["message"]
+    assert "nothing of it was kept (store: false)" in failed.value.body["message"]
+
+
 def test_an_idempotency_key_gets_the_first_runs_outcome(served):
     server, db, tmp = served
     user = f"key-{uuid.uuid4().hex[:8]}"

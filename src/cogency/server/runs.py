@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import _time
 from ..agent import Agent, AgentResult
+from ..client import SETTINGS_KEY
 from ..errors import CogencyError, NotFoundError, UsageError
 from ..events import Approval, End, Response, Start
 from ..llm.base import OPTIONS, check_options
@@ -356,11 +357,15 @@ class Runs:
                     asks: Mapping[str, Any], results: Mapping[str, Any] | None) -> Run:
         store = self.agent.store
         runner: str | None = new_runner()
+        kept = asks.get("keep", True) is not False
         if task_id is not None:
             # checks the ids first
             events = self.agent.resume_stream(task_id, user_id, approvals=approvals,
                                               results=results)
-            conversation_id = (await store.load_task(task_id, user_id)).conversation_id
+            record = await store.load_task(task_id, user_id)
+            conversation_id = record.conversation_id
+            # A task begun with store: false is deleted when this run ends, whatever its end.
+            kept = record.settings.get(SETTINGS_KEY, {}).get("keep", True) is not False
         elif asks.get("keep", True) is False:
             assert query is not None
             events = self.agent.stream(query, user_id, history=history, **asks)
@@ -374,7 +379,7 @@ class Runs:
             assert conversation_id is not None
             await store.hold_conversation(conversation_id, user_id, runner)
         run = Run(key_id, conversation_id or "", user_id)
-        run.kept = asks is None or asks.get("keep", True) is not False
+        run.kept = kept
         self._live.add(run)
         if once is not None:
             self._keyed[(user_id, once.key)] = run
