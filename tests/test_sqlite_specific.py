@@ -236,6 +236,57 @@ async def test_closing_with_a_checkpoint_handed_to_the_worker_runs_it_quietly(tm
     assert not path.with_name(path.name + "-wal").exists()  # closed: checkpointed and gone
 
 
+async def test_a_checkpoint_never_waits_for_a_reader_and_empties_the_log_once_it_can(
+        tmp_path, monkeypatch):
+    """Another connection reading an older snapshot keeps the log from being emptied: the
+    worker's checkpoint copies what it can and returns at once (it never waits on the busy
+    timeout, nor fails the call it followed); a later one, with the reader gone, empties it."""
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 64 * 1024)
+    path = tmp_path / "t.db"
+    log = path.with_name(path.name + "-wal")
+    store = SQLiteStore(path)
+    text = "x" * 20_000
+    async with Agent(ScriptedLLM([{"response": text}] * 20), store=store) as agent:
+        conversation = (await agent.run(text, "alice")).conversation_id
+        reader = sqlite3.connect(path, isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM conversation_messages").fetchone()  # a snapshot
+        try:
+            while store._checkpointing is None:
+                await agent.run(text, "alice", conversation)
+            await asyncio.wait_for(store._checkpointing, 5)  # the busy timeout is 10 s
+            assert log.stat().st_size >= backend.CHECKPOINT_BYTES  # the reader kept it
+        finally:
+            reader.execute("COMMIT")
+            reader.close()
+        await store._hand(lambda db: None, checkpoint=True)  # the reader gone: the next one
+        assert log.stat().st_size == 0  # emptied
+        assert [m["content"] for m in await store.load_messages(conversation, "alice")][-1] \
+            == text
+    await store.close()
+
+
+async def test_the_windows_cache_keeps_nothing_of_conversations_it_evicted(tmp_path):
+    """A long-running store sees many conversations: what it keeps of each (the window and
+    the rows its last commit wrote for it) goes when the conversation leaves the cache."""
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    store = SQLiteStore(tmp_path / "t.db")
+    cached = store._windows.size
+    async with Agent(ScriptedLLM([{"response": "ok"}] * (cached + 10)), store=store) as agent:
+        ids = [(await agent.run(f"hello {n}", "alice")).conversation_id
+               for n in range(cached + 10)]
+    assert len(store._windows._entries) == cached
+    assert set(store._windows._tails) <= set(store._windows._entries)
+    assert ids[0] not in store._windows._tails  # evicted long ago, with its tail
+    await store.close()
+
+
 async def test_reopening_applies_no_migration_twice_and_keeps_data(db_path, db):
     first = SQLiteStore(db_path)
     state = await State.start_task("q", "alice", store=first)

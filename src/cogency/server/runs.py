@@ -366,7 +366,7 @@ class Runs:
             conversation_id = record.conversation_id
             # A task begun with store: false is deleted when this run ends, whatever its end.
             kept = record.settings.get(SETTINGS_KEY, {}).get("keep", True) is not False
-        elif asks.get("keep", True) is False:
+        elif not kept:
             assert query is not None
             events = self.agent.stream(query, user_id, history=history, **asks)
             runner = None  # its conversation is new, made by the agent: no one else can run it

@@ -121,7 +121,7 @@ class Windows:
         self._entries[conversation_id] = window
         self._entries.move_to_end(conversation_id)
         if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+            self.drop(next(iter(self._entries)))  # the least recently used, with what it holds
         return window.messages.copy()
 
     def drop(self, conversation_id: str) -> None:

@@ -135,6 +135,7 @@ conversation is held by a row with an epoch and an expiry its store renews (a ta
 columns of its ``task_workspaces`` row), instead of PostgreSQL's session advisory locks,
 whose key ``lease_holder`` kept."""
 
+
 @dataclass
 class TaskRecord:
     """One row of ``task_workspaces``: an unfinished task and its working memory."""

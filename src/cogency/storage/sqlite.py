@@ -1821,11 +1821,8 @@ def _find_windowed(
     if entry is None or entry.last_seq == 0:
         return _find_conversation(db, conversation_id, user_id, missing), None
     row = db.execute(
-        "SELECT conversation_id, user_id, conversation_data, message_count, updated_at, "
-        "(SELECT created_at FROM conversation_messages m WHERE "
-        "m.conversation_id = c.conversation_id AND m.seq = ?) "
-        "FROM conversations c WHERE conversation_id = ? AND user_id = ?",
-        (entry.last_seq, conversation_id, user_id),
+        f"SELECT {_RECORD_AND_STAMP} FROM conversations WHERE conversation_id = ? AND user_id = ?",
+        (conversation_id, entry.last_seq, conversation_id, user_id),
     ).fetchone()
     if row is None:
         if missing is None:
@@ -1931,8 +1928,9 @@ _RECORD_AND_STAMP = (
     "conversation_id, user_id, conversation_data, message_count, updated_at, "
     "(SELECT created_at FROM conversation_messages WHERE conversation_id = ? AND seq = ?)"
 )
-"""What :func:`_bump` returns for ``begin_task``: the conversation's record, and the
-``created_at`` of a message (the last one its cached window saw)."""
+"""The conversation's record, and the ``created_at`` of a message (the last one its cached
+window saw): what :func:`_bump` returns for ``begin_task``, and what :func:`_find_windowed`
+reads."""
 
 
 def _insert(db: sqlite3.Connection, conversation_id: str, fresh: Sequence[dict[str, Any]],
