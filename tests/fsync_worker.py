@@ -6,7 +6,9 @@ Opens ``SQLiteStore(PATH, synchronous="full")`` and runs one warm-up turn, then 
 the same conversation, each between two markers strace sees (``access`` of
 ``/cogency-turn-N-start`` and ``-end``, paths that do not exist). MODE is what a turn is:
 ``run`` (a one-step ``Agent.run``), ``tool`` (one tool step, then the answer), ``served`` (``POST /api/runs`` through the service's app,
-in this process) or ``served-key`` (the same with an ``Idempotency-Key``).
+in this process), ``served-key`` (the same with an ``Idempotency-Key``) or ``concurrent``
+(five one-step runs at once, on five conversations, whose completions reach the store's
+worker together: it is held, by its private ``_hand``, until all five wait for it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import itertools
 import os
 import sys
+import threading
 import uuid
 from typing import Any
 
@@ -40,7 +43,9 @@ async def main(path: str, mode: str, turns: int) -> None:
         replies = itertools.cycle([{"actions": [{"name": "echo", "args": {"text": "hi"}}]},
                                    {"response": "ok"}])
     agent = Agent(ScriptedLLM(replies), tools=[echo], store=store)
-    if mode in ("run", "tool"):
+    if mode == "concurrent":
+        await concurrent(store, turns)
+    elif mode in ("run", "tool"):
         conversation = (await agent.run("hello", "alice")).conversation_id
         for turn in range(turns):
             mark(turn, "start")
@@ -72,6 +77,39 @@ async def main(path: str, mode: str, turns: int) -> None:
                 mark(turn, "end")
     await agent.close()
     await store.close()
+
+
+async def concurrent(store: SQLiteStore, turns: int, runs: int = 5) -> None:
+    gate = asyncio.Event()
+    arrived: list[int] = []
+
+    async def answer(messages: list[dict[str, str]]) -> dict[str, str]:
+        arrived.append(1)
+        await gate.wait()
+        return {"response": "ok"}
+
+    agent = Agent(ScriptedLLM(itertools.repeat(answer)), store=store)
+    gate.set()  # the first turns, one at a time
+    conversations = [(await agent.run("hello", f"user{n}")).conversation_id
+                     for n in range(runs)]
+    for turn in range(turns):
+        gate.clear()
+        arrived.clear()
+        mark(turn, "start")
+        started = [asyncio.create_task(agent.run("again", f"user{n}", conversation))
+                   for n, conversation in enumerate(conversations)]
+        while len(arrived) < runs:  # every task begun, every model call waiting
+            await asyncio.sleep(0.001)
+        free = threading.Event()
+        store._hand(lambda db: free.wait(30))
+        gate.set()
+        while len(store._group or ()) < runs:
+            await asyncio.sleep(0.001)
+        free.set()
+        for run in await asyncio.gather(*started):
+            assert run.response == "ok", run
+        mark(turn, "end")
+    await agent.close()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -206,3 +207,28 @@ async def test_the_end_event_carries_the_runs_token_usage(store):
     assert end.usage.calls == 2 and end.usage.input_tokens > 50 and end.usage.output_tokens > 5
     assert end.to_dict()["usage"] == {"input_tokens": ran.usage.input_tokens,
                                       "output_tokens": ran.usage.output_tokens, "calls": 2}
+
+
+async def test_every_event_is_the_same_plain_copy_asdict_would_make(store):
+    @tool
+    def echo(text: str, deep: dict | None = None) -> str:
+        """Say it back."""
+        return text
+
+    script = [reply(actions=[{"name": "echo", "args": {"text": "hi", "deep": {"list": [1, 2]}}}],
+                    workspace={"notes": "n"}),
+              reply("said hi")]
+    agent = Agent(llm=ScriptedLLM(script, count_usage=True), tools=[echo], store=store)
+    events = [event async for event in agent.stream("say hi", user_id="ada")]
+    kinds = {event.type for event in events}
+    assert {"start", "reason", "action", "result", "response", "end"} <= kinds
+    for event in events:
+        data = event.to_dict()
+        assert data == {"type": event.type, **dataclasses.asdict(event)}
+        assert list(data) == ["type", *(f.name for f in dataclasses.fields(event))]
+        assert json.loads(json.dumps(data)) == data  # JSON as it is
+    action = next(event for event in events if event.type == "action")
+    data = action.to_dict()
+    data["args"]["deep"]["list"].append(3)  # the caller's copy: the event keeps its own
+    assert action.args["deep"]["list"] == [1, 2]
+    assert isinstance(next(e for e in events if e.type == "end").to_dict()["usage"], dict)

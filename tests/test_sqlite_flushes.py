@@ -52,6 +52,12 @@ def test_each_step_of_a_turn_flushes_its_save(tmp_path):
     assert flushes_per_turn(tmp_path, "tool") == [2, 2, 2, 2]
 
 
+def test_concurrent_completions_share_one_flush(tmp_path):
+    # Five runs answered at once: their completions wait for the worker together, and are
+    # committed in one transaction (each in a savepoint of its own) with one flush.
+    assert flushes_per_turn(tmp_path, "concurrent", turns=3) == [1, 1, 1]
+
+
 def test_a_served_request_is_one_flush(tmp_path):
     # Hold the conversation, begin, complete (the flush), let the conversation go.
     assert flushes_per_turn(tmp_path, "served") == [1, 1, 1, 1]

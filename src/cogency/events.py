@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from .llm.base import Usage
@@ -16,8 +17,29 @@ class Event:
     task_id: str
 
     def to_dict(self) -> dict[str, Any]:
-        """The event as JSON-ready data (``--json`` prints one per line)."""
-        return {"type": self.type, **asdict(self)}
+        """The event as JSON-ready data (``--json`` prints one per line): a copy, as
+        ``dataclasses.asdict`` makes, without its cost on every streamed token."""
+        data: dict[str, Any] = {"type": self.type}
+        for name, value in vars(self).items():
+            data[name] = value if isinstance(value, _SCALARS) else _plain(value)
+        return data
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as ``dataclasses.asdict`` would give it: dataclasses as dicts, containers
+    copied, all the way down."""
+    if isinstance(value, _SCALARS):
+        return value
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return type(value)((_plain(k), _plain(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_plain(item) for item in value)
+    return copy.deepcopy(value)
 
 
 @dataclass

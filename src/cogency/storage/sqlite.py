@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from .. import _time
 from .._history import History
@@ -521,7 +521,10 @@ class SQLiteStore:
     durable too; a power loss can only take a suffix of the log, so the file comes back as it
     was at some moment after the last flushed commit returned: a turn that had begun and not
     yet answered may be gone, as if it had never started (a crash of the process loses
-    nothing either way). A one-step turn is thus one disk flush: its completion.
+    nothing either way). A one-step turn is thus one disk flush: its completion. Flushing
+    commits that wait for the worker together (completions of concurrent runs) are made one
+    transaction with one flush, each in a savepoint of its own, and each caller hears its own
+    outcome once that flush is over.
     """
 
     def __init__(
@@ -557,6 +560,9 @@ class SQLiteStore:
         self._handed = self._finished = 0  # the last job handed to the worker, the last done
         self._waits = True  # whether the connection's busy timeout is on (see _run)
         self._on_commit: list[Callable[[], None]] = []  # run once the transaction commits
+        self._group: list[_Member] | None = None
+        """Flushing writes handed to the worker, waiting there to share a flush (``_join``)."""
+        self._grouping = threading.Lock()  # the loop adds to a group, the worker closes it
         self._wrote = False  # a commit since the log's size was last looked at
         self._checkpointing: asyncio.Future[None] | None = None
         self._log = (None if self.path == ":memory:"  # the write-ahead log _connect's file has
@@ -678,6 +684,8 @@ class SQLiteStore:
                 return result
             finally:
                 self._lock.release()
+        if isinstance(fn, _Flushing):
+            return await self._join(fn)
         return await self._hand(fn)
 
     def _hand(self, fn: Callable[[sqlite3.Connection], T], *, checkpoint: bool = False
@@ -728,12 +736,24 @@ class SQLiteStore:
                 if db.in_transaction:  # (a write's own rollback did this already)
                     db.execute("ROLLBACK")
                 raise _Busy() from exc
-            raise _storage_error(exc, self.path) from exc
-        except (UnicodeEncodeError, OverflowError) as exc:  # values SQLite cannot bind
-            raise UsageError(
+            raise self._told(exc) from exc
+        except (UnicodeEncodeError, OverflowError) as exc:
+            raise self._told(exc) from exc
+
+    def _told(self, exc: BaseException) -> BaseException:
+        """What a caller is told of ``exc``, raised by SQLite or by binding a value."""
+        told: BaseException
+        if isinstance(exc, sqlite3.Error):
+            told = _storage_error(exc, self.path)
+        elif isinstance(exc, (UnicodeEncodeError, OverflowError)):  # values SQLite cannot bind
+            told = UsageError(
                 f"a value cannot be stored ({exc}): text must not hold lone surrogates (decode "
                 "bytes with errors='replace') and integers must fit in 64 bits"
-            ) from exc
+            )
+        else:
+            return exc
+        told.__cause__ = exc
+        return told
 
     def _write(
         self, fn: Callable[[sqlite3.Connection], T], *, wait: bool = True, flush: bool = True
@@ -777,7 +797,84 @@ class SQLiteStore:
                 hook()
             return result
 
-        return transaction
+        return _Flushing(transaction, fn) if flushing and wait else transaction
+
+    def _join(self, write: _Flushing[T]) -> asyncio.Future[T]:
+        """``write`` committed on the worker thread with the other flushing writes handed
+        while it waits there: one transaction and one disk flush for all of them, each in a
+        savepoint of its own, so one that fails is rolled back alone and raises to its own
+        caller. (Concurrent completions, at ``synchronous="full"``, no longer queue for a
+        flush each.) Every caller hears once the flush is over: nothing is told before it is
+        on the disk."""
+        loop = asyncio.get_running_loop()
+        told: asyncio.Future[T] = loop.create_future()
+        with self._grouping:
+            group, fresh = self._group, self._group is None
+            if group is None:
+                group = self._group = []
+            group.append((write, told))
+        if fresh:
+            job = self._hand(lambda db: self._commit_group(db, group, loop))
+            job.add_done_callback(lambda job: _tell_failure(group, job))
+        return told
+
+    def _commit_group(self, db: sqlite3.Connection, group: list[_Member],
+                      loop: asyncio.AbstractEventLoop) -> None:
+        """On the worker: the group's writes in one transaction (the one write of a group of
+        one runs as it would alone), then each caller told its own outcome."""
+        with self._grouping:
+            if self._group is group:
+                self._group = None  # closed: a write handed from now on starts the next group
+        outcomes: list[tuple[bool, Any]]
+        if len(group) == 1:
+            try:
+                outcomes = [(True, group[0][0](db))]
+            except BaseException as exc:  # noqa: BLE001 - its caller's
+                outcomes = [(False, self._told(exc))]
+        else:
+            outcomes = self._transact([write.body for write, _ in group], db)
+        loop.call_soon_threadsafe(_tell, group, outcomes)
+
+    def _transact(self, bodies: list[Callable[[sqlite3.Connection], Any]],
+                  db: sqlite3.Connection) -> list[tuple[bool, Any]]:
+        """Several flushing writes in one transaction, each in its own savepoint. A write
+        that raises is rolled back to its savepoint; one that SQLite answers by rolling back
+        the whole transaction (a full disk, an I/O error) fails every write of it, as a
+        failed commit does."""
+        outcomes: list[tuple[bool, Any]] = []
+        hooks: list[list[Callable[[], None]]] = []  # each write's, run once all committed
+        try:
+            if not self._flushing:
+                db.execute("PRAGMA synchronous = FULL")
+                self._flushing = True
+            db.execute("BEGIN IMMEDIATE")
+            for body in bodies:
+                db.execute("SAVEPOINT cogency_write")
+                try:
+                    outcomes.append((True, body(db)))
+                except Exception as exc:  # noqa: BLE001 - its caller's
+                    if not db.in_transaction:
+                        raise
+                    db.execute("ROLLBACK TO cogency_write")
+                    outcomes.append((False, self._told(exc)))
+                    self._on_commit.clear()
+                db.execute("RELEASE cogency_write")
+                hooks.append(self._on_commit)
+                self._on_commit = []
+            db.execute("COMMIT")
+            self._wrote = True
+        except BaseException as exc:  # noqa: BLE001 - every caller's: nothing was stored
+            self._on_commit = []
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            return [(False, self._told(exc))] * len(bodies)
+        for index, done in enumerate(hooks):
+            try:
+                for hook in done:
+                    hook()
+            except Exception as exc:  # noqa: BLE001 - as a lone write's would: its caller's
+                outcomes[index] = (False, exc)
+        return outcomes
 
     async def close(self) -> None:
         """Give up every task and conversation this store holds, and close the connection;
@@ -2069,6 +2166,46 @@ def _still_valid(db: sqlite3.Connection, record: ConversationRecord, entry: Wind
         (record.conversation_id, entry.last_seq),
     ).fetchone()
     return row is not None and row[0] == entry.last_stamp
+
+
+class _Flushing(Generic[T]):
+    """A write transaction that flushes (``synchronous="full"``) and may wait for the lock:
+    ``SQLiteStore._run`` lets it share its flush with others (``SQLiteStore._join``)."""
+
+    __slots__ = ("transaction", "body")
+
+    def __init__(self, transaction: Callable[[sqlite3.Connection], T],
+                 body: Callable[[sqlite3.Connection], T]) -> None:
+        self.transaction = transaction
+        self.body = body
+
+    def __call__(self, db: sqlite3.Connection) -> T:
+        return self.transaction(db)
+
+
+_Member = tuple[_Flushing[Any], "asyncio.Future[Any]"]
+
+
+def _tell(group: list[_Member], outcomes: list[tuple[bool, Any]]) -> None:
+    """On the loop: each caller of a group its own outcome (one that gave up waiting, none)."""
+    for (_, told), (ok, value) in zip(group, outcomes):
+        if told.done():
+            continue
+        if ok:
+            told.set_result(value)
+        else:
+            told.set_exception(value)
+
+
+def _tell_failure(group: list[_Member], job: asyncio.Future[None]) -> None:
+    """On the loop, once a group's job is over: if it failed before telling its callers (the
+    connection could not be opened, say), each of them hears that failure."""
+    failure = None if job.cancelled() else job.exception()
+    if failure is None:
+        return
+    for _, told in group:
+        if not told.done():
+            told.set_exception(failure)
 
 
 class _Busy(Exception):
