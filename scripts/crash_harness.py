@@ -15,6 +15,7 @@ delay. Then, in this process:
 
     python scripts/crash_harness.py --kills 500          # the full run (figures for docs)
     python scripts/crash_harness.py --kills 100 --db postgresql://user@host/empty_db
+    python scripts/crash_harness.py --kills 300 --parallel 3 --synchronous full  # grouped flushes
     python scripts/crash_harness.py zygote   # (started by the rounds: forks the workers)
 
 On PostgreSQL the database must be empty at the start; the checks read it with the same URL,
@@ -94,7 +95,7 @@ def append_tool(side: Path):
 # -- the worker (killed at a random moment) ------------------------------------------------
 
 
-def logging_store(target: str, log: Path):
+def logging_store(target: str, log: Path, synchronous: str = "normal"):
     from cogency.storage import open_store
 
     class LoggingStore(type(open_store(target))):  # type: ignore[misc]
@@ -115,7 +116,8 @@ def logging_store(target: str, log: Path):
                     os.close(fd)
             return version
 
-    return LoggingStore(target)
+    return LoggingStore(target) if _postgres(target) else LoggingStore(target,
+                                                                       synchronous=synchronous)
 
 
 def zygote() -> None:
@@ -137,7 +139,8 @@ def zygote() -> None:
             pid = os.fork()
             if pid == 0:
                 try:
-                    asyncio.run(worker(args[0], Path(args[1]), Path(args[2]), int(args[3])))
+                    asyncio.run(worker(args[0], Path(args[1]), Path(args[2]), int(args[3]),
+                                       int(args[4]), args[5]))
                 finally:
                     os._exit(0)
         elif command == "reap":
@@ -145,23 +148,31 @@ def zygote() -> None:
             os.write(1, f"reaped {args[0]} {status}\n".encode())
 
 
-async def worker(db: str, side: Path, log: Path, seed: int) -> None:
-    from cogency import Agent
-    from cogency.testing import ScriptedLLM
-
-    rng = random.Random(seed)
-    store = logging_store(db, log)
+async def worker(db: str, side: Path, log: Path, seed: int, parallel: int = 1,
+                 synchronous: str = "normal") -> None:
+    """Jobs one after another, in ``parallel`` loops at once (each with users of its own,
+    so no two run in one conversation), until killed."""
+    store = logging_store(db, log, synchronous)
     await store.list_tasks()  # open and migrate before saying ready
     append = append_tool(side)
     os.write(1, f"ready {os.getpid()}\n".encode())
+    await asyncio.gather(*(jobs(store, append, seed, lane, USERS[lane::parallel])
+                           for lane in range(parallel)))
+
+
+async def jobs(store: Any, append: Any, seed: int, lane: int, users: tuple[str, ...]) -> None:
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    rng = random.Random(seed * 10 + lane)
     for number in range(1_000_000):
-        user = rng.choice(USERS)
+        user = rng.choice(users)
         conversation = None
         if rng.random() < 0.6:
             short = [c.conversation_id for c in await store.list_conversations(user)
                      if c.message_count < MAX_CONVERSATION_MESSAGES]
             conversation = rng.choice(short) if short else None
-        job, steps = f"{seed}-{number}", rng.randint(1, 4)
+        job, steps = f"{seed}-{lane}-{number}", rng.randint(1, 4)
         agent = Agent(llm=ScriptedLLM(script(job, steps)), tools=[append], store=store,
                       max_iterations=12, retry_delay=0)
         await agent.run(job_query(job, steps), user_id=user, conversation_id=conversation)
@@ -324,10 +335,14 @@ def check_jobs(db: str, side: Path, figures: Figures) -> None:
 
 async def run_rounds(
     workdir: Path, kills: int, seed: int = 0, max_delay: float = 0.3,
-    on_round: Any = None, db: str | None = None,
+    on_round: Any = None, db: str | None = None, parallel: int = 1,
+    synchronous: str = "normal",
 ) -> Figures:
     """Kill ``kills`` workers; check and resume after each. Returns the figures. ``db``: a
-    PostgreSQL URL (an empty database), else a SQLite file in ``workdir``."""
+    PostgreSQL URL (an empty database), else a SQLite file in ``workdir`` (opened by the
+    workers with ``synchronous``). Each worker runs ``parallel`` jobs at once (1 to 3)."""
+    if not 1 <= parallel <= len(USERS):
+        raise ValueError(f"parallel must be 1 to {len(USERS)}: each lane has users of its own")
     workdir.mkdir(parents=True, exist_ok=True)
     file = workdir / "crash.db"
     side, log = workdir / "side.txt", workdir / "committed.log"
@@ -349,7 +364,8 @@ async def run_rounds(
         if zygote_process.stdout.readline().strip() != "zygote ready":
             raise RuntimeError("the crash worker zygote did not start")
         for number in range(kills):
-            zygote_process.stdin.write(f"fork {db} {side} {log} {seed * 100_000 + number}\n")
+            zygote_process.stdin.write(f"fork {db} {side} {log} {seed * 100_000 + number} "
+                                       f"{parallel} {synchronous}\n")
             ready = zygote_process.stdout.readline().split()
             if ready[:1] != ["ready"]:
                 raise RuntimeError(f"the worker did not start: {ready}")
@@ -424,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-delay", type=float, default=0.3)
     parser.add_argument("--dir", type=Path, default=Path("crash-run"))
     parser.add_argument("--db", help="an empty PostgreSQL database's URL (default: SQLite)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="jobs each worker runs at once, 1 to 3 (concurrent saves)")
+    parser.add_argument("--synchronous", choices=("normal", "full"), default="normal",
+                        help="the SQLite workers' durability (full: flushes, shared by "
+                             "concurrent saves)")
     options = parser.parse_args(args)
 
     def progress(number: int, figures: Figures) -> None:
@@ -431,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"… {number + 1} kills, {len(figures.failures)} failures", flush=True)
 
     figures = asyncio.run(run_rounds(options.dir, options.kills, options.seed,
-                                     options.max_delay, progress, options.db))
+                                     options.max_delay, progress, options.db,
+                                     options.parallel, options.synchronous))
     print(figures.summary())
     for failure in figures.failures[:20]:
         print("FAIL", failure)

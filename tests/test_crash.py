@@ -1,8 +1,9 @@
 """Crashes: workers killed with SIGKILL mid-task lose nothing committed and resume to completion
 without repeating a tool call whose result was stored. The full run is
 ``python scripts/crash_harness.py --kills 500``; CI runs ``COGENCY_CRASH_KILLS`` (default 50) on
-SQLite, and ``COGENCY_CRASH_PG_KILLS`` (default 12) on PostgreSQL, directly and through PgBouncer
-in transaction mode."""
+SQLite (and a third of them with three jobs at once per worker, at ``synchronous="full"``), and
+``COGENCY_CRASH_PG_KILLS`` (default 12) on PostgreSQL, directly and through PgBouncer in
+transaction mode."""
 
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ async def test_sigkilled_workers_lose_nothing_and_resume_without_repeating_calls
     assert figures.tasks_resumed == figures.kills_mid_task
     assert figures.recorded_not_rerun > 0, figures.summary()
     assert figures.committed_checked > KILLS, figures.summary()
+
+
+async def test_parallel_jobs_at_full_durability_lose_nothing_and_resume(tmp_path) -> None:
+    # Three jobs at once per worker, at synchronous="full": their saves reach the store's
+    # worker together and share transactions and flushes (each in a savepoint of its own).
+    kills = max(10, KILLS // 3)
+    figures = await harness.run_rounds(tmp_path, kills, seed=23, parallel=3,
+                                       synchronous="full")
+    assert figures.failures == [], figures.failures[:10]
+    assert figures.kills == kills
+    assert figures.kills_mid_task >= kills // 2, figures.summary()
+    assert figures.tasks_resumed >= figures.kills_mid_task, figures.summary()
+    assert figures.committed_checked > kills, figures.summary()
 
 
 @pytest.mark.parametrize("route", ["direct", "pgbouncer"])
