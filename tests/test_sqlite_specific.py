@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -245,16 +246,19 @@ async def test_a_checkpoint_never_waits_for_a_reader_and_empties_the_log_once_it
     from cogency.storage import sqlite as backend
     from cogency.testing import ScriptedLLM
 
-    monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 64 * 1024)
     path = tmp_path / "t.db"
     log = path.with_name(path.name + "-wal")
     store = SQLiteStore(path)
     text = "x" * 20_000
     async with Agent(ScriptedLLM([{"response": text}] * 20), store=store) as agent:
+        # No checkpoint before the reader's snapshot: one of a log all copied to the file
+        # would read the file alone, and would not keep the log from being emptied.
         conversation = (await agent.run(text, "alice")).conversation_id
+        assert store._checkpointing is None and log.stat().st_size > 0
         reader = sqlite3.connect(path, isolation_level=None)
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM conversation_messages").fetchone()  # a snapshot
+        monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 64 * 1024)
         try:
             while store._checkpointing is None:
                 await agent.run(text, "alice", conversation)
@@ -723,3 +727,44 @@ async def test_several_processes_create_and_append_to_one_conversation(db_path, 
         len(MIGRATION_NAMES),
     )
     assert db.execute("SELECT task_id FROM task_workspaces").fetchall() == []
+
+
+def test_a_store_never_closed_does_not_keep_its_process_from_exiting(tmp_path):
+    # The store's worker thread has run a job (a flushing write goes there) and waits for
+    # the next: a program that forgets close() still ends, with what it committed stored.
+    script = textwrap.dedent("""
+        import asyncio, sys
+        from cogency import Agent
+        from cogency.storage import SQLiteStore
+        from cogency.testing import ScriptedLLM
+
+        async def main():
+            store = SQLiteStore(sys.argv[1], synchronous="full")
+            await Agent(ScriptedLLM([{"response": "kept"}]), store=store).run("hi", "ann")
+            assert store._worker is not None  # the worker thread was started
+        asyncio.run(main())
+    """)
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "t.db")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert rows(tmp_path / "t.db", "SELECT content FROM conversation_messages "
+                "WHERE role = 'assistant'") == [("kept",)]
+
+
+def test_a_store_outlives_the_event_loop_of_a_job_it_ran(tmp_path):
+    # A job handed from one event loop that closed before hearing its outcome: the worker
+    # goes on serving the next loop (asyncio.run twice, as scripts and tests do).
+    store = SQLiteStore(tmp_path / "t.db")
+    loop_closed = threading.Event()
+
+    async def hand_and_leave() -> None:
+        store._hand(lambda db: loop_closed.wait(30))  # runs on past its loop's end
+
+    async def use() -> list[tuple]:
+        return await store._hand(lambda db: db.execute("SELECT 2").fetchall())
+
+    asyncio.run(hand_and_leave())
+    loop_closed.set()
+    assert asyncio.run(asyncio.wait_for(use(), 30)) == [(2,)]
+    asyncio.run(store.close())

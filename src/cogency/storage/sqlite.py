@@ -6,10 +6,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
 from datetime import datetime, timedelta
@@ -554,7 +554,7 @@ class SQLiteStore:
         self._db: sqlite3.Connection | None = None
         self._flushing = self.synchronous == "full"
         """Whether the connection's ``PRAGMA synchronous`` is FULL now (see ``_write``)."""
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker: _Worker | None = None
         self._lock = threading.Lock()
         """Held by whoever uses the connection: the worker thread, or a call on the loop."""
         self._handed = self._finished = 0  # the last job handed to the worker, the last done
@@ -693,8 +693,8 @@ class SQLiteStore:
         """``fn`` queued for the worker thread, after what was handed to it before; after
         it, a checkpoint there if asked or if the write-ahead log has grown to
         ``CHECKPOINT_BYTES``."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="cogency-sqlite")
+        if self._worker is None:
+            self._worker = _Worker()
         self._handed += 1
         ticket = self._handed
 
@@ -709,7 +709,7 @@ class SQLiteStore:
                 finally:
                     self._finished = ticket  # the worker runs jobs in order: all before too
 
-        return asyncio.get_running_loop().run_in_executor(self._executor, job)
+        return self._worker.submit(job)
 
     def _log_is_full(self) -> bool:
         self._wrote = False
@@ -902,7 +902,7 @@ class SQLiteStore:
         if self._checkpointing is not None:  # handed to the worker before: it runs, not fails
             await asyncio.wait([self._checkpointing])
         self._closed = True
-        if self._executor is not None:
+        if self._worker is not None:
             await self._run_close()
         elif self._db is not None:  # every call ran on the loop: nothing runs on the worker
             with self._lock:
@@ -910,17 +910,16 @@ class SQLiteStore:
                 self._db = None
 
     async def _run_close(self) -> None:
-        assert self._executor is not None
-        loop = asyncio.get_running_loop()
+        assert self._worker is not None
 
         def shut() -> None:
             if self._db is not None:
                 self._db.close()
                 self._db = None
 
-        await loop.run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=False)
-        self._executor = None
+        await self._worker.submit(shut)
+        self._worker.stop()
+        self._worker = None
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -2168,6 +2167,50 @@ def _still_valid(db: sqlite3.Connection, record: ConversationRecord, entry: Wind
     return row is not None and row[0] == entry.last_stamp
 
 
+class _Worker:
+    """The store's one worker thread: runs the jobs handed to it in order, each caller told
+    on its own event loop. (``ThreadPoolExecutor`` does the same with two more thread
+    switches per job: its caller is woken while the worker still holds the GIL.)"""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop,
+                                            asyncio.Future[Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="cogency-sqlite", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        told: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((job, loop, told))
+        return told
+
+    def stop(self) -> None:
+        """No more jobs: the thread ends once those handed before have run."""
+        self._jobs.put(None)
+
+    def _work(self) -> None:
+        take = self._jobs.get
+        while (handed := take()) is not None:
+            job, loop, told = handed
+            try:
+                outcome: tuple[Any, BaseException | None] = (job(), None)
+            except BaseException as exc:  # noqa: BLE001 - its caller's
+                outcome = (None, exc)
+            with contextlib.suppress(RuntimeError):  # its loop is closed: no one to tell
+                loop.call_soon_threadsafe(_settle, told, *outcome)
+            del handed, job, told, outcome  # nothing kept alive while waiting for the next
+
+
+def _settle(told: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """On the loop: a caller told its outcome (unless it stopped waiting)."""
+    if told.done():
+        return
+    if exc is None:
+        told.set_result(result)
+    else:
+        told.set_exception(exc)
+
+
 class _Flushing(Generic[T]):
     """A write transaction that flushes (``synchronous="full"``) and may wait for the lock:
     ``SQLiteStore._run`` lets it share its flush with others (``SQLiteStore._join``)."""
@@ -2187,14 +2230,9 @@ _Member = tuple[_Flushing[Any], "asyncio.Future[Any]"]
 
 
 def _tell(group: list[_Member], outcomes: list[tuple[bool, Any]]) -> None:
-    """On the loop: each caller of a group its own outcome (one that gave up waiting, none)."""
+    """On the loop: each caller of a group its own outcome."""
     for (_, told), (ok, value) in zip(group, outcomes):
-        if told.done():
-            continue
-        if ok:
-            told.set_result(value)
-        else:
-            told.set_exception(value)
+        _settle(told, value if ok else None, None if ok else value)
 
 
 def _tell_failure(group: list[_Member], job: asyncio.Future[None]) -> None:
