@@ -4,13 +4,14 @@ capped (in all, and per address), and one request is one escaped log line."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from urllib.parse import urlsplit
 
 import pytest
 
-from serverutil import Server
+from serverutil import Server, create_key
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[test]')")
 
@@ -134,3 +135,86 @@ def test_one_request_is_one_escaped_log_line(served):
     [line] = [line for line in log.splitlines() if "%0A2026-01-01" in line]
     assert line.endswith("404 " + line.rsplit(" ", 1)[-1]) and " GET /health%0A" in line
     assert "\x1b" not in log and "\u202e" not in log and "%1B%5B2J%E2%80%AE" in line
+
+
+def sent_in_pieces(sock, data, piece=8192):
+    """Everything the server sends until it closes the connection, while ``data`` goes out
+    ``piece`` bytes at a time (each piece read by the server before the next is sent)."""
+    sock.settimeout(0.05)
+    received, deadline = b"", time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if data:
+            try:
+                sock.sendall(data[:piece])
+                data = data[piece:]
+            except OSError:
+                data = b""
+        try:
+            chunk = sock.recv(4096)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+    raise AssertionError(f"the connection is still open; received {received!r}")
+
+
+def test_a_request_head_over_the_limit_is_refused(served):
+    server, address = served
+    with connect(address) as headers:  # one header of 100 KiB that never ends
+        answer = sent_in_pieces(headers, b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: "
+                                         + b"a" * 100 * 1024)
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"over 65536 bytes" in answer
+    with connect(address) as url:  # a whole request, its URL 100 KiB long
+        answer = sent_in_pieces(url, b"GET /health?q=" + b"a" * 100 * 1024
+                                     + b" HTTP/1.1\r\nhost: x\r\n\r\n", piece=200 * 1024)
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"too_large" in answer
+    assert health(address).startswith(b"HTTP/1.1 200 ")
+    assert "closed connections whose request's head was over 65536 bytes" in server.log()
+
+
+def test_pipelined_requests_are_answered_in_order(served):
+    server, address = served
+    with connect(address) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+                     b"GET /nothing-here HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        answers = until_closed(sock)
+    assert answers.startswith(b"HTTP/1.1 200 ") and answers.count(b"HTTP/1.1 ") == 2
+    assert b"HTTP/1.1 404 " in answers.split(b"\r\n\r\n", 1)[1]
+
+
+def test_a_pipelined_request_is_not_timed_while_the_one_before_is_answered(served):
+    server, address = served
+    tmp = server.log_path.parent
+    key, gate = create_key(str(tmp / "limits.db"), "pipeliner"), tmp / "pipelined.gate"
+    held, second = (json.dumps({"query": q}).encode() for q in (f"gate:{gate} held", "next"))
+    head = (b"POST /api/runs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + key.encode()
+            + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n")
+    with connect(address) as sock:
+        # a run held in flight, and behind it a request whose body is still to come
+        sock.sendall(head % len(held) + b"\r\n" + held
+                     + head % len(second) + b"connection: close\r\n\r\n" + second[:1])
+        time.sleep(1.5)  # longer than both time limits (1 s): the second must still wait
+        gate.touch()
+        first = b""
+        while b"opened:" not in first:
+            chunk = sock.recv(65536)
+            assert chunk, f"the connection was closed; received {first!r}"
+            first += chunk
+        assert first.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(second[1:])  # the second request's body, once its turn came
+        answer = until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"echo: next" in answer
+
+
+def test_a_websocket_upgrade_is_answered_as_a_plain_request(served):
+    server, address = served
+    with connect(address) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\n"
+                     b"upgrade: websocket\r\nsec-websocket-version: 13\r\n"
+                     b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        answer = until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower()
+    assert health(address).startswith(b"HTTP/1.1 200 ")
