@@ -30,16 +30,17 @@ def connect(address, source="127.0.0.1"):
     return sock
 
 
-def until_closed(sock, send=b""):
-    """Everything the server sends until it closes the connection (sending ``send`` a byte at
-    a time meanwhile, a slow client's way); fails if it is still open after 15 s."""
+def until_closed(sock, send=b"", piece=1):
+    """Everything the server sends until it closes the connection (sending ``send`` ``piece``
+    bytes at a time meanwhile: a byte, a slow client's way); fails if it is still open after
+    15 s."""
     sock.settimeout(0.1)
     received, deadline = b"", time.monotonic() + 15
     while time.monotonic() < deadline:
         if send:
             try:
-                sock.sendall(send[:1])
-                send = send[1:]
+                sock.sendall(send[:piece])
+                send = send[piece:]
             except OSError:
                 send = b""
         try:
@@ -137,38 +138,14 @@ def test_one_request_is_one_escaped_log_line(served):
     assert "\x1b" not in log and "\u202e" not in log and "%1B%5B2J%E2%80%AE" in line
 
 
-def sent_in_pieces(sock, data, piece=8192):
-    """Everything the server sends until it closes the connection, while ``data`` goes out
-    ``piece`` bytes at a time (each piece read by the server before the next is sent)."""
-    sock.settimeout(0.05)
-    received, deadline = b"", time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if data:
-            try:
-                sock.sendall(data[:piece])
-                data = data[piece:]
-            except OSError:
-                data = b""
-        try:
-            chunk = sock.recv(4096)
-        except socket.timeout:
-            continue
-        except ConnectionResetError:
-            return received
-        if not chunk:
-            return received
-        received += chunk
-    raise AssertionError(f"the connection is still open; received {received!r}")
-
-
 def test_a_request_head_over_the_limit_is_refused(served):
     server, address = served
     with connect(address) as headers:  # one header of 100 KiB that never ends
-        answer = sent_in_pieces(headers, b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: "
-                                         + b"a" * 100 * 1024)
+        answer = until_closed(headers, b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: "
+                                         + b"a" * 100 * 1024, piece=8192)
     assert answer.startswith(b"HTTP/1.1 431 ") and b"over 65536 bytes" in answer
     with connect(address) as url:  # a whole request, its URL 100 KiB long
-        answer = sent_in_pieces(url, b"GET /health?q=" + b"a" * 100 * 1024
+        answer = until_closed(url, b"GET /health?q=" + b"a" * 100 * 1024
                                      + b" HTTP/1.1\r\nhost: x\r\n\r\n", piece=200 * 1024)
     assert answer.startswith(b"HTTP/1.1 431 ") and b"too_large" in answer
     assert health(address).startswith(b"HTTP/1.1 200 ")
