@@ -378,3 +378,25 @@ def test_a_tool_call_waits_for_its_users_decision(service):
         assert not (root / "denied.txt").exists()
     assert rows(db, "SELECT COUNT(*) FROM task_workspaces WHERE task_id IN (?, ?)",
                 task, waiting["task_id"]) == [(0,)]
+
+
+def test_a_conversation_a_client_makes_up_is_not_found_and_not_held(service):
+    # New conversations get ids the service makes: a named one must already be the user's.
+    # Its hold checks that as it is taken (no read before it), and takes none.
+    server, keys, db, _ = service
+    made_up = f"made-up-{uuid.uuid4().hex}"
+    with server.client(keys["alice"]) as alice:
+        for body in ({"query": "hi", "conversation_id": made_up},
+                     {"query": "hi", "conversation_id": made_up, "store": False}):
+            answer = alice.post("/api/runs", json=body)
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["error"]["type"] == "not_found"
+            assert "among yours" in answer.json()["error"]["message"]
+        mine = run(alice, "a real one")["conversation_id"]
+        assert run(alice, "again", conversation_id=mine)["response"] == "echo: again"
+    assert rows(db, "SELECT COUNT(*) FROM conversations WHERE conversation_id = ?",
+                made_up) == [(0,)]
+    assert rows(db, "SELECT COUNT(*) FROM conversation_runs WHERE conversation_id = ?",
+                made_up) == [(0,)]
+    assert rows(db, "SELECT runner FROM conversation_runs WHERE conversation_id = ?",
+                mine) == [(None,)]  # held for each run, let go after it

@@ -56,6 +56,24 @@ async def test_one_holder_per_conversation(any_store):
     await any_store.hold_conversation("brand-new", "alice", first)  # not created yet: held
 
 
+async def test_a_hold_that_needs_the_conversation_takes_none_of_one_missing(any_store, raw):
+    # What the service asks for a conversation a client names: it must be the user's.
+    from cogency.state.state import State
+
+    state = await State.start_task("hi", "alice", store=any_store)
+    conversation = state.conversation.conversation_id
+    with pytest.raises(NotFoundError, match="no conversation 'named-by-a-client'"):
+        await any_store.hold_conversation("named-by-a-client", "alice", new_runner(),
+                                          existing=True)
+    with pytest.raises(NotFoundError):  # another user's: not found either
+        await any_store.hold_conversation(conversation, "bob", new_runner(), existing=True)
+    assert await raw("SELECT conversation_id FROM conversation_runs") == []
+    await any_store.hold_conversation(conversation, "alice", holder := new_runner(),
+                                      existing=True)
+    assert await raw("SELECT conversation_id, runner FROM conversation_runs") == [
+        (conversation, holder)]
+
+
 async def test_a_dead_holder_holds_nothing(any_store, tmp_path):
     """A holder whose process died (a killed replica) leaves the conversation free."""
     from cogency.state.state import State

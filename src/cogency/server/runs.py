@@ -54,6 +54,12 @@ class Once:
     ttl: float = 24 * 3600.0
 
 
+def _not_yours(conversation_id: str) -> NotFoundError:
+    return NotFoundError(
+        f"no conversation {conversation_id[:80]!r} among yours (GET /api/conversations lists "
+        "them; leave the id out to start a new conversation)")
+
+
 class Run:
     """One run: the events so far (as ``event.to_dict()``), then its result or failure."""
 
@@ -287,14 +293,17 @@ class Runs:
                     self._release_slot(key_id)
                     return earlier
                 claimed = True
+            named = conversation_id is not None
             if conversation_id is not None:
-                await self._check_named(conversation_id, user_id)
+                check_id(conversation_id, "conversation_id")
+                if asks and asks.get("keep", True) is False:  # no hold: it is checked here
+                    await self._check_named(conversation_id, user_id)
             if find is not None and conversation_id is None:
                 conversation_id = await find()
                 if conversation_id is not None:
                     history = ()  # stored already
             run = await self._open(key_id, user_id, query, conversation_id, task_id, history,
-                                   approvals, once, asks or {}, results)
+                                   approvals, once, asks or {}, results, named)
         except BaseException:
             self._release_slot(key_id)
             if claimed:
@@ -340,21 +349,19 @@ class Runs:
 
     async def _check_named(self, conversation_id: str, user_id: str) -> None:
         """A conversation a client names must be one of the user's: new ones get ids made
-        here, so no client can take an id before its owner does."""
-        check_id(conversation_id, "conversation_id")
+        here, so no client can take an id before its owner does. (The hold on a named
+        conversation checks it as it is taken: this is for a run that takes none.)"""
         try:
             await self.agent.store.load_conversation(conversation_id, user_id)
         except NotFoundError:
-            raise NotFoundError(
-                f"no conversation {conversation_id[:80]!r} among yours (GET /api/conversations "
-                "lists them; leave the id out to start a new conversation)"
-            ) from None
+            raise _not_yours(conversation_id) from None
 
     async def _open(self, key_id: str, user_id: str, query: str | None,
                     conversation_id: str | None, task_id: str | None,
                     history: Sequence[tuple[str, str]],
                     approvals: dict[str, bool] | None, once: Once | None,
-                    asks: Mapping[str, Any], results: Mapping[str, Any] | None) -> Run:
+                    asks: Mapping[str, Any], results: Mapping[str, Any] | None,
+                    named: bool = False) -> Run:
         store = self.agent.store
         runner: str | None = new_runner()
         kept = asks.get("keep", True) is not False
@@ -377,7 +384,13 @@ class Runs:
             events = self.agent.stream(query, user_id, conversation_id, history=history, **asks)
         if runner is not None:
             assert conversation_id is not None
-            await store.hold_conversation(conversation_id, user_id, runner)
+            try:
+                await store.hold_conversation(conversation_id, user_id, runner,
+                                              existing=named)
+            except NotFoundError:
+                if not named:
+                    raise
+                raise _not_yours(conversation_id) from None
         run = Run(key_id, conversation_id or "", user_id)
         run.kept = kept
         self._live.add(run)

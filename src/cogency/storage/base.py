@@ -581,11 +581,13 @@ class Store(Protocol):
         """Mark the key revoked (``NotFoundError`` if there is none); revoking twice is fine."""
         ...
 
-    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str, *,
+                                existing: bool = False) -> None:
         """Reserve the conversation for one run across every process on this database.
 
         ``ConversationBusyError`` while another live runner holds it; ``NotFoundError`` if it
-        is another user's. The hold is a lease this store renews while it lasts: a runner
+        is another user's, or, with ``existing=True``, if it does not exist (yet): then no
+        hold is taken (a conversation a client names must be one the user has). The hold is a lease this store renews while it lasts: a runner
         whose process died on this host holds nothing, one on another host holds it until
         its lease lapses. While held, the tasks this store begins or claims in the
         conversation are fenced by the hold too: once another runner has taken it (or a force

@@ -1123,14 +1123,15 @@ class PostgresStore:
         self._leases.drop_task(task_id)
         return cast("str | None", row["runner"])
 
-    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str, *,
+                                existing: bool = False) -> None:
         async def work(db: _Db) -> int:
             dead = None
             for _ in range(_TAKE_ATTEMPTS):
                 # Across users (scope "holds"): another user's conversation is "not found".
                 row = await db.fetchrow(_HOLD, conversation_id, user_id, runner, dead,
-                                        self.lease)
-                if row["owner"] is not None and row["owner"] != user_id:
+                                        self.lease, existing)
+                if row["owner"] != user_id and (row["owner"] is not None or existing):
                     raise NotFoundError(no_conversation(conversation_id, user_id))
                 if row["taken"] is not None:
                     return int(row["taken"])
@@ -1837,8 +1838,8 @@ _CLEAR_HOLD = _Sql(
     "RETURNING 1 AS cleared")
 _HOLD = _Sql(
     # The conversation's owner, the hold taken (its epoch) when it was free (no runner, a
-    # lapsed lease, or $4, a holder the caller found dead) and not another user's, and the
-    # holder before.
+    # lapsed lease, or $4, a holder the caller found dead) and not another user's (nor, with
+    # $6, missing), and the holder before.
     "SELECT (SELECT user_id FROM owner) AS owner, (SELECT epoch FROM taken) AS taken, "
     "old.user_id AS holder_user, old.runner AS holder, old.epoch, old.lease_until, "
     "now() AS now FROM (SELECT 1) one LEFT JOIN old ON true",
@@ -1848,6 +1849,7 @@ _HOLD = _Sql(
     "taken AS (INSERT INTO conversation_runs AS r (conversation_id, user_id, runner, epoch, "
     "lease_until, started_at) SELECT $1, $2, $3, 1, " + _LEASE_END.format("$5") + ", now() "
     "WHERE NOT EXISTS (SELECT 1 FROM owner WHERE user_id <> $2) "
+    "AND (NOT $6::boolean OR EXISTS (SELECT 1 FROM owner)) "  # $6: it must exist already
     "ON CONFLICT (conversation_id) DO UPDATE SET user_id = excluded.user_id, "
     "runner = excluded.runner, epoch = r.epoch + 1, lease_until = excluded.lease_until, "
     "started_at = excluded.started_at WHERE r.runner IS NULL OR r.runner = $4::text "

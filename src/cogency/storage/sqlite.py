@@ -1523,10 +1523,11 @@ class SQLiteStore:
 
         return await self._run(self._write(work))
 
-    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str) -> None:
+    async def hold_conversation(self, conversation_id: str, user_id: str, runner: str, *,
+                                existing: bool = False) -> None:
         def work(db: sqlite3.Connection) -> int:
             owner = _conversation_owner(db, conversation_id)
-            if owner is not None and owner != user_id:
+            if owner != user_id and (owner is not None or existing):
                 raise NotFoundError(no_conversation(conversation_id, user_id))
             row = db.execute(
                 "SELECT user_id, runner, epoch, lease_until FROM conversation_runs "
