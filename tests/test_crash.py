@@ -1,6 +1,6 @@
 """Crashes: workers killed with SIGKILL mid-task lose nothing committed and resume to completion
 without repeating a tool call whose result was stored. The full run is
-``python scripts/crash_harness.py --kills 500``; CI runs ``COGENCY_CRASH_KILLS`` (default 50) on
+``python scripts/crash_harness.py --kills 500``; CI runs ``COGENCY_CRASH_KILLS`` (default 30) on
 SQLite (and a third of them with three jobs at once per worker, at ``synchronous="full"``), and
 ``COGENCY_CRASH_PG_KILLS`` (default 12) on PostgreSQL, directly and through PgBouncer in
 transaction mode."""
@@ -27,7 +27,7 @@ harness = importlib.util.module_from_spec(_spec)
 sys.modules["crash_harness"] = harness
 _spec.loader.exec_module(harness)
 
-KILLS = int(os.environ.get("COGENCY_CRASH_KILLS", "50"))
+KILLS = int(os.environ.get("COGENCY_CRASH_KILLS", "30"))
 PG_KILLS = int(os.environ.get("COGENCY_CRASH_PG_KILLS", "12"))
 
 
