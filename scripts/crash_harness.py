@@ -164,7 +164,7 @@ async def jobs(store: Any, append: Any, seed: int, lane: int, users: tuple[str, 
     from cogency import Agent
     from cogency.testing import ScriptedLLM
 
-    rng = random.Random(seed * 10 + lane)
+    rng = random.Random(seed if lane == 0 else seed * 10 + lane)  # one lane: as before
     for number in range(1_000_000):
         user = rng.choice(users)
         conversation = None

@@ -806,22 +806,20 @@ class SQLiteStore:
         caller. (Concurrent completions, at ``synchronous="full"``, no longer queue for a
         flush each.) Every caller hears once the flush is over: nothing is told before it is
         on the disk."""
-        loop = asyncio.get_running_loop()
-        told: asyncio.Future[T] = loop.create_future()
+        told: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         with self._grouping:
             group, fresh = self._group, self._group is None
             if group is None:
                 group = self._group = []
             group.append((write, told))
         if fresh:
-            job = self._hand(lambda db: self._commit_group(db, group, loop))
+            job = self._hand(lambda db: self._commit_group(db, group))
             job.add_done_callback(lambda job: _tell_failure(group, job))
         return told
 
-    def _commit_group(self, db: sqlite3.Connection, group: list[_Member],
-                      loop: asyncio.AbstractEventLoop) -> None:
+    def _commit_group(self, db: sqlite3.Connection, group: list[_Member]) -> None:
         """On the worker: the group's writes in one transaction (the one write of a group of
-        one runs as it would alone), then each caller told its own outcome."""
+        one runs as it would alone), then each caller told its own outcome on its own loop."""
         with self._grouping:
             if self._group is group:
                 self._group = None  # closed: a write handed from now on starts the next group
@@ -833,7 +831,8 @@ class SQLiteStore:
                 outcomes = [(False, self._told(exc))]
         else:
             outcomes = self._transact([write.body for write, _ in group], db)
-        loop.call_soon_threadsafe(_tell, group, outcomes)
+        for (_, told), (ok, value) in zip(group, outcomes):
+            _settle_soon(told, value if ok else None, None if ok else value)
 
     def _transact(self, bodies: list[Callable[[sqlite3.Connection], Any]],
                   db: sqlite3.Connection) -> list[tuple[bool, Any]]:
@@ -2174,15 +2173,14 @@ class _Worker:
     switches per job: its caller is woken while the worker still holds the GIL.)"""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop,
-                                            asyncio.Future[Any]] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None] = (
+            queue.SimpleQueue())
         self._thread = threading.Thread(target=self._work, name="cogency-sqlite", daemon=True)
         self._thread.start()
 
     def submit(self, job: Callable[[], T]) -> asyncio.Future[T]:
-        loop = asyncio.get_running_loop()
-        told: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((job, loop, told))
+        told: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._jobs.put((job, told))
         return told
 
     def stop(self) -> None:
@@ -2192,13 +2190,12 @@ class _Worker:
     def _work(self) -> None:
         take = self._jobs.get
         while (handed := take()) is not None:
-            job, loop, told = handed
+            job, told = handed
             try:
                 outcome: tuple[Any, BaseException | None] = (job(), None)
             except BaseException as exc:  # noqa: BLE001 - its caller's
                 outcome = (None, exc)
-            with contextlib.suppress(RuntimeError):  # its loop is closed: no one to tell
-                loop.call_soon_threadsafe(_settle, told, *outcome)
+            _settle_soon(told, *outcome)  # (its loop closed: no one to tell)
             del handed, job, told, outcome  # nothing kept alive while waiting for the next
 
 
@@ -2230,10 +2227,10 @@ class _Flushing(Generic[T]):
 _Member = tuple[_Flushing[Any], "asyncio.Future[Any]"]
 
 
-def _tell(group: list[_Member], outcomes: list[tuple[bool, Any]]) -> None:
-    """On the loop: each caller of a group its own outcome."""
-    for (_, told), (ok, value) in zip(group, outcomes):
-        _settle(told, value if ok else None, None if ok else value)
+def _settle_soon(told: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """From any thread: a caller told its outcome on its own event loop (none if closed)."""
+    with contextlib.suppress(RuntimeError):
+        told.get_loop().call_soon_threadsafe(_settle, told, result, exc)
 
 
 def _tell_failure(group: list[_Member], job: asyncio.Future[None]) -> None:
@@ -2243,8 +2240,7 @@ def _tell_failure(group: list[_Member], job: asyncio.Future[None]) -> None:
     if failure is None:
         return
     for _, told in group:
-        if not told.done():
-            told.set_exception(failure)
+        _settle_soon(told, None, failure)
 
 
 class _Busy(Exception):
