@@ -237,6 +237,73 @@ async def test_closing_with_a_checkpoint_handed_to_the_worker_runs_it_quietly(tm
     assert not path.with_name(path.name + "-wal").exists()  # closed: checkpointed and gone
 
 
+async def test_after_a_checkpoint_commits_reuse_the_log_file(tmp_path, monkeypatch):
+    """A checkpoint leaves the log file at its size, and the commits after it write over it
+    from the start (a flush of blocks the file has is cheaper than one of a file that grows);
+    how full the log is comes from SQLite's wal-index, not from the file's size. A header
+    this store does not know sends it back to the file's size."""
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 512 * 1024)
+    path = tmp_path / "t.db"
+    log = path.with_name(path.name + "-wal")
+    store = SQLiteStore(path)  # every call on the loop: the checkpoint shows as handed
+    text = "x" * 20_000
+    async with Agent(ScriptedLLM([{"response": text}] * 100), store=store) as agent:
+        conversation = (await agent.run(text, "alice")).conversation_id
+        turns = 2
+        while store._checkpointing is None:
+            await agent.run(text, "alice", conversation)
+            turns += 1
+        await store._checkpointing
+        size = log.stat().st_size
+        assert size >= backend.CHECKPOINT_BYTES
+        await agent.run(text, "alice", conversation)
+        assert store._checkpointing is None
+        assert log.stat().st_size == size  # written over, neither emptied nor grown
+        held = await store._run(lambda db: store._log_bytes())
+        assert 0 < held < size / 2  # what the last turns wrote, not the file's size
+        monkeypatch.setattr(backend, "_WAL_INDEX_VERSION", 1)  # a wal-index it does not know
+        assert await store._run(lambda db: store._log_bytes()) == size
+    await store.close()
+    reopened = SQLiteStore(path)
+    messages = await reopened.load_messages(conversation, "alice")
+    assert len(messages) == 2 * turns and messages[-1]["content"] == text
+    await reopened.close()
+
+
+async def test_a_log_a_reader_let_grow_is_cut_back_when_it_starts_over(tmp_path, monkeypatch):
+    """A reader's old snapshot keeps the log from being checkpointed, so it grows past its
+    usual size; once the log starts over, SQLite cuts its file back to ``LOG_FILE_LIMIT``."""
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 64 * 1024)
+    monkeypatch.setattr(backend, "LOG_FILE_LIMIT", 128 * 1024)
+    path = tmp_path / "t.db"
+    log = path.with_name(path.name + "-wal")
+    store = SQLiteStore(path)
+    text = "x" * 20_000
+    async with Agent(ScriptedLLM([{"response": text}] * 20), store=store) as agent:
+        conversation = (await agent.run(text, "alice")).conversation_id
+        reader = sqlite3.connect(path, isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM conversation_messages").fetchone()
+            while log.stat().st_size < 3 * backend.LOG_FILE_LIMIT:
+                await agent.run(text, "alice", conversation)
+        finally:
+            reader.execute("COMMIT")
+            reader.close()
+        await store._hand(lambda db: None, checkpoint=True)
+        await agent.run("again", "alice", conversation)
+        assert log.stat().st_size <= backend.LOG_FILE_LIMIT
+    await store.close()
+
+
 async def test_a_checkpoint_never_waits_for_a_reader_and_empties_the_log_once_it_can(
         tmp_path, monkeypatch):
     """Another connection reading an older snapshot keeps the log from being emptied: the
@@ -263,12 +330,19 @@ async def test_a_checkpoint_never_waits_for_a_reader_and_empties_the_log_once_it
             while store._checkpointing is None:
                 await agent.run(text, "alice", conversation)
             await asyncio.wait_for(store._checkpointing, 5)  # the busy timeout is 10 s
-            assert log.stat().st_size >= backend.CHECKPOINT_BYTES  # the reader kept it
+            kept = await store._run(lambda db: store._log_bytes())
+            assert kept >= backend.CHECKPOINT_BYTES  # the reader kept it
+            assert log.stat().st_size >= kept
         finally:
             reader.execute("COMMIT")
             reader.close()
         await store._hand(lambda db: None, checkpoint=True)  # the reader gone: the next one
-        assert log.stat().st_size == 0  # emptied
+        monkeypatch.undo()  # no checkpoint in the next turn
+        size = log.stat().st_size
+        await agent.run("again", "alice", conversation)
+        # All copied: the next commit started the log over, in the file as it was.
+        assert 0 < await store._run(lambda db: store._log_bytes()) < size / 2
+        assert log.stat().st_size == size
         assert [m["content"] for m in await store.load_messages(conversation, "alice")][-1] \
             == text
     await store.close()
