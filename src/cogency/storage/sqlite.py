@@ -709,8 +709,16 @@ class SQLiteStore:
         """``fn`` queued for the worker thread, after what was handed to it before; after
         it, a checkpoint there if asked or if the write-ahead log has grown to
         ``CHECKPOINT_BYTES``."""
+        return self._started().submit(self._job(fn, checkpoint))
+
+    def _started(self) -> _Worker:
         if self._worker is None:
             self._worker = _Worker()
+        return self._worker
+
+    def _job(self, fn: Callable[[sqlite3.Connection], T], checkpoint: bool = False
+             ) -> Callable[[], T]:
+        """``fn`` as the worker runs it (see ``_hand``), counted as handed from now."""
         self._handed += 1
         ticket = self._handed
 
@@ -725,7 +733,7 @@ class SQLiteStore:
                 finally:
                     self._finished = ticket  # the worker runs jobs in order: all before too
 
-        return self._worker.submit(job)
+        return job
 
     def _log_is_full(self) -> bool:
         self._wrote = False
@@ -859,8 +867,16 @@ class SQLiteStore:
                 group = self._group = []
             group.append((write, told))
         if fresh:
-            job = self._hand(lambda db: self._commit_group(db, group))
-            job.add_done_callback(lambda job: _tell_failure(group, job))
+            job = self._job(lambda db: self._commit_group(db, group))
+
+            def run() -> None:  # its callers are told by the group: no loop woken for the job
+                try:
+                    job()
+                except BaseException as exc:  # noqa: BLE001 - before telling them (no file)
+                    for _, member in group:
+                        _settle_soon(member, None, exc)  # (those told already stay so)
+
+            self._started().post(run)
         return told
 
     def _commit_group(self, db: sqlite3.Connection, group: list[_Member]) -> None:
@@ -2213,8 +2229,8 @@ class _Worker:
     switches per job: its caller is woken while the worker still holds the GIL.)"""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None] = (
-            queue.SimpleQueue())
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], Any], asyncio.Future[Any] | None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="cogency-sqlite", daemon=True)
         self._thread.start()
 
@@ -2222,6 +2238,11 @@ class _Worker:
         told: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._jobs.put((job, told))
         return told
+
+    def post(self, job: Callable[[], None]) -> None:
+        """``job``, which tells its callers itself and raises nothing: no event loop is
+        woken when it ends."""
+        self._jobs.put((job, None))
 
     def stop(self) -> None:
         """No more jobs: the thread ends once those handed before have run."""
@@ -2231,6 +2252,10 @@ class _Worker:
         take = self._jobs.get
         while (handed := take()) is not None:
             job, told = handed
+            if told is None:  # posted: it tells its callers itself
+                job()
+                del handed, job
+                continue
             try:
                 outcome: tuple[Any, BaseException | None] = (job(), None)
             except BaseException as exc:  # noqa: BLE001 - its caller's
@@ -2271,16 +2296,6 @@ def _settle_soon(told: asyncio.Future[Any], result: Any, exc: BaseException | No
     """From any thread: a caller told its outcome on its own event loop (none if closed)."""
     with contextlib.suppress(RuntimeError):
         told.get_loop().call_soon_threadsafe(_settle, told, result, exc)
-
-
-def _tell_failure(group: list[_Member], job: asyncio.Future[None]) -> None:
-    """On the loop, once a group's job is over: if it failed before telling its callers (the
-    connection could not be opened, say), each of them hears that failure."""
-    failure = None if job.cancelled() else job.exception()
-    if failure is None:
-        return
-    for _, told in group:
-        _settle_soon(told, None, failure)
 
 
 class _Busy(Exception):
