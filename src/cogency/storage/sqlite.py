@@ -98,15 +98,24 @@ log = logging.getLogger("cogency.storage")
 
 BUSY_TIMEOUT_MS = 10_000
 CHECKPOINT_BYTES = 4 * 1024 * 1024
-"""Write-ahead log size at which the store checkpoints (on its worker thread): SQLite's
-automatic checkpoint, 1,000 pages of 4 KiB, would run in whatever thread committed."""
+"""Write-ahead log size at which the store checkpoints: SQLite's automatic checkpoint, 1,000
+pages of 4 KiB, would run in whatever thread committed, and make that commit wait for it.
+The copying is done by a thread and connection of its own while the calls go on
+(``_copy_soon``); the worker then copies the little written meanwhile and starts the log
+over (``_checkpoint``)."""
+COPY_ALONE_BYTES = 256 * 1024
+"""Log not yet copied that the copier thread copies, rather than the worker."""
 LOG_FILE_LIMIT = 2 * CHECKPOINT_BYTES
 """The size the log file is cut back to when SQLite starts it over (``journal_size_limit``):
 a log a reader kept from being checkpointed grows, and would keep that size on the disk."""
-_WAL_INDEX = struct.Struct("=IIIBBHI")
-"""The start of the wal-index header, the first thing in the ``-shm`` file (in the machine's
-byte order): iVersion, unused, iChange, isInit, bigEndCksum, szPage, mxFrame (the frames the
-log holds). Documented at https://www.sqlite.org/walformat.html (2.2.1)."""
+LOG_MOST_BYTES = 4 * CHECKPOINT_BYTES
+"""A log this big (a reader kept it from being copied) is checkpointed by the worker, in
+turn with the calls, whatever the copier is doing."""
+_WAL_INDEX = struct.Struct("=IIIBBHI76xI")
+"""The start of the ``-shm`` file (in the machine's byte order): the wal-index header's
+iVersion, unused, iChange, isInit, bigEndCksum, szPage, mxFrame (the frames the log holds),
+then, at offset 96, the checkpoint's nBackfill (the frames copied into the database).
+Documented at https://www.sqlite.org/walformat.html (2.2)."""
 _WAL_INDEX_VERSION = 3007000
 _WAL_FRAME_HEADER = 24
 INLINE_CHARACTERS = 65_536
@@ -479,15 +488,19 @@ def _applied(db: sqlite3.Connection) -> set[str]:
     return {"m001_initial"} if _has_table(db, "user_profiles") else set()
 
 
+def _copy_log(db: sqlite3.Connection) -> None:
+    """Copy the write-ahead log into the database (``PASSIVE``: it waits for no one and
+    blocks no one; the store's commits go on meanwhile)."""
+    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+
+
 def _checkpoint(db: sqlite3.Connection) -> None:
-    """Copy the write-ahead log into the database, so that the next commit starts the log
-    over from its beginning (``RESTART``). The file keeps its size: later commits overwrite
-    blocks the file already has, and a flush of those is cheaper than one of a file that
-    grows (no size or block allocation to record: measured, a flushing commit of 15 pages
-    takes 0.3 ms less). How full the log is is read from SQLite's wal-index
-    (``SQLiteStore._log_bytes``), not from the file's size. Called with the busy timeout off:
-    with another connection reading an older snapshot it copies what it can and leaves the
-    log (``PASSIVE``), to try again at a later commit; it never waits."""
+    """Copy what is left of the write-ahead log into the database, so that the next commit
+    starts the log over from its beginning (``RESTART``), in the file as it is: later
+    commits write over blocks the file already has, and the flush of a commit that does not
+    grow its file is cheaper (no size or block allocation to record). Called with the busy
+    timeout off: with another connection reading an older snapshot it copies what it can
+    and leaves the log, to try again at a later commit; it never waits."""
     db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
 
 
@@ -506,8 +519,9 @@ class SQLiteStore:
     turn that need neither (no flush, no lock held elsewhere, little text) run on the event
     loop itself when the worker is idle, as moving them to the thread and back costs more
     than they do. Checkpoints (copying the write-ahead log into the database, which flushes
-    the file) run only on the worker: SQLite's automatic ones are off, and the store hands
-    the worker one once the log reaches ``CHECKPOINT_BYTES``.
+    the file) never run on the event loop: SQLite's automatic ones are off; once the log
+    reaches ``CHECKPOINT_BYTES`` a thread with a connection of its own copies it while the
+    calls go on, and the worker copies what was written meanwhile and starts the log over.
 
     A running task is held by a lease of ``lease`` seconds that this store renews while the
     run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
@@ -581,7 +595,11 @@ class SQLiteStore:
         self._log = (None if self.path == ":memory:"  # the write-ahead log _connect's file has
                      else str(Path(self.path).expanduser()) + "-wal")
         self._index: int | None = None
-        """The log's ``-shm`` file, open for reading while the connection is (``_log_bytes``)."""
+        """The log's ``-shm`` file, open for reading while the connection is (``_log_state``)."""
+        self._copier: _Worker | None = None
+        """The thread that checkpoints (``_copy_soon``), with its own connection:"""
+        self._copier_db: sqlite3.Connection | None = None
+        self._copying = threading.Lock()  # held from handing the copier a checkpoint to its end
         self._closed = False
         self._windows = _Windows()
 
@@ -694,7 +712,7 @@ class SQLiteStore:
             except _Busy:
                 pass
             else:
-                if self._wrote and self._checkpointing is None and self._log_is_full():
+                if self._wrote and self._log_is_full() and self._checkpointing is None:
                     self._checkpointing = self._hand(lambda db: None, checkpoint=True)
                     self._checkpointing.add_done_callback(self._checkpointed)
                 return result
@@ -707,8 +725,7 @@ class SQLiteStore:
     def _hand(self, fn: Callable[[sqlite3.Connection], T], *, checkpoint: bool = False
               ) -> asyncio.Future[T]:
         """``fn`` queued for the worker thread, after what was handed to it before; after
-        it, a checkpoint there if asked or if the write-ahead log has grown to
-        ``CHECKPOINT_BYTES``."""
+        it, a checkpoint there if asked or if the log is due one (``_log_is_full``)."""
         return self._started().submit(self._job(fn, checkpoint))
 
     def _started(self) -> _Worker:
@@ -736,34 +753,77 @@ class SQLiteStore:
         return job
 
     def _log_is_full(self) -> bool:
+        """After a commit, once the log holds ``CHECKPOINT_BYTES``: the copier copies it
+        while the calls go on, until little is left to copy; then True, and the worker
+        copies that little and starts the log over (``_checkpoint``), a short wait for the
+        calls behind it. Called with ``_lock`` held."""
         self._wrote = False
-        return self._log_bytes() >= CHECKPOINT_BYTES
+        held, copied = self._log_state()
+        if held < CHECKPOINT_BYTES:
+            return False
+        if held >= LOG_MOST_BYTES:
+            return True
+        if held - copied >= COPY_ALONE_BYTES:
+            self._copy_soon()
+            return False
+        return not self._copying.locked()
 
-    def _log_bytes(self) -> int:
-        """What the write-ahead log holds, in bytes: its frames, as SQLite's wal-index header
-        counts them (one read of the ``-shm`` file, which SQLite keeps while the connection
-        is open); the log file's size if that header cannot be read or is not one this
-        knows. (A checkpointed log keeps its file's size until SQLite next starts it over.)
-        Called with ``_lock`` held."""
+    def _log_state(self) -> tuple[int, int]:
+        """The write-ahead log's frames, in bytes, and those of them copied into the database,
+        as SQLite's wal-index counts them (one read of the ``-shm`` file, which SQLite keeps
+        while the connection is open); the log file's size and nothing copied if that cannot
+        be read or is not a wal-index this knows. (A log all copied keeps its frames until
+        the next commit starts it over.) Called with ``_lock`` held."""
         if self._log is None or self._db is None:
-            return 0
+            return 0, 0
         try:
             if self._index is None:
                 self._index = os.open(self._log[:-4] + "-shm", os.O_RDONLY)
-            version, _, _, ready, _, page, frames = _WAL_INDEX.unpack(
+            version, _, _, ready, _, page, frames, copied = _WAL_INDEX.unpack(
                 os.pread(self._index, _WAL_INDEX.size, 0))
-            if version == _WAL_INDEX_VERSION and ready == 1:
-                page = 65536 if page == 1 else page  # how the header writes 64 KiB
-                return frames * (page + _WAL_FRAME_HEADER)
-            return os.stat(self._log).st_size
+            if version == _WAL_INDEX_VERSION and ready == 1 and copied <= frames:
+                frame = (65536 if page == 1 else page) + _WAL_FRAME_HEADER  # 1: 64 KiB
+                return frames * frame, copied * frame
         except (OSError, struct.error):
-            try:
-                return os.stat(self._log).st_size
-            except OSError:
-                return 0
+            pass
+        try:
+            return os.stat(self._log).st_size, 0
+        except OSError:
+            return 0, 0
+
+    def _copy_soon(self) -> None:
+        """A checkpoint on the copier thread, with a connection of its own (``_copy_log``),
+        unless one is in flight: no call of the store waits for it. From the loop or the
+        worker, with ``_lock`` held."""
+        if self._closed or not self._copying.acquire(blocking=False):
+            return
+        if self._copier is None:
+            self._copier = _Worker()
+        self._copier.post(self._copy)
+
+    def _copy(self) -> None:
+        """On the copier thread."""
+        try:
+            if self._copier_db is None:
+                self._copier_db = sqlite3.connect(
+                    str(Path(self.path).expanduser()), isolation_level=None,
+                    check_same_thread=False, timeout=0)
+                self._copier_db.execute("PRAGMA busy_timeout = 0")
+                self._copier_db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            _copy_log(self._copier_db)
+        except Exception as exc:  # noqa: BLE001 - the next commit hands another
+            log.warning("checkpointing %r failed (the next one tries again): %s", self.path, exc)
+        finally:
+            self._copying.release()
+
+    def _close_copier(self) -> None:
+        """On the copier thread, after the checkpoint in flight."""
+        if self._copier_db is not None:
+            self._copier_db.close()
+            self._copier_db = None
 
     def _close_db(self) -> None:
-        """Close the connection (and the ``-shm`` file ``_log_bytes`` reads); ``_lock`` held
+        """Close the connection (and the ``-shm`` file ``_log_state`` reads); ``_lock`` held
         or nothing else running."""
         if self._index is not None:
             os.close(self._index)
@@ -963,6 +1023,10 @@ class SQLiteStore:
         if self._checkpointing is not None:  # handed to the worker before: it runs, not fails
             await asyncio.wait([self._checkpointing])
         self._closed = True
+        if self._copier is not None:  # closed first: the last connection closed ends the log
+            await self._copier.submit(self._close_copier)
+            self._copier.stop()
+            self._copier = None
         if self._worker is not None:
             await self._run_close()
         elif self._db is not None:  # every call ran on the loop: nothing runs on the worker
