@@ -284,6 +284,37 @@ async def test_the_copying_of_a_checkpoint_never_holds_up_a_turn(tmp_path, monke
     await reopened.close()
 
 
+async def test_a_checkpoint_that_fails_is_logged_and_the_next_one_runs(
+        tmp_path, monkeypatch, caplog):
+    """A copy that fails (a disk error, say) is said in the log, holds nothing up, and the
+    next commit hands another; the store still closes."""
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 256 * 1024)
+    attempts: list[str] = []
+
+    def copy_log(db: sqlite3.Connection) -> None:
+        attempts.append("copy")
+        if len(attempts) == 1:
+            raise sqlite3.OperationalError("disk I/O error")
+        original(db)
+
+    original = backend._copy_log
+    monkeypatch.setattr(backend, "_copy_log", copy_log)
+    store = SQLiteStore(tmp_path / "t.db")
+    text = "x" * 30_000
+    with caplog.at_level("WARNING", logger="cogency"):
+        async with Agent(ScriptedLLM([{"response": text}] * 100), store=store) as agent:
+            conversation = (await agent.run(text, "alice")).conversation_id
+            while len(attempts) < 2:
+                await agent.run(text, "alice", conversation)
+                await _copier_idle(store)
+        await asyncio.wait_for(store.close(), 10)
+    assert [r for r in caplog.records if "disk I/O error" in r.getMessage()]
+
+
 async def _copier_idle(store: SQLiteStore) -> None:
     """Once the checkpoint the copier thread has in hand (if any) is over."""
     if store._copier is not None:

@@ -798,7 +798,7 @@ class SQLiteStore:
         if self._closed or not self._copying.acquire(blocking=False):
             return
         if self._copier is None:
-            self._copier = _Worker()
+            self._copier = _Worker("cogency-sqlite-checkpoint")
         self._copier.post(self._copy)
 
     def _copy(self) -> None:
@@ -811,8 +811,10 @@ class SQLiteStore:
                 self._copier_db.execute("PRAGMA busy_timeout = 0")
                 self._copier_db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             _copy_log(self._copier_db)
-        except Exception as exc:  # noqa: BLE001 - the next commit hands another
-            log.warning("checkpointing %r failed (the next one tries again): %s", self.path, exc)
+        except Exception as exc:  # noqa: BLE001 - logged; the next commit hands another
+            if not (isinstance(exc, sqlite3.Error) and _locked(exc)):  # (another's checkpoint)
+                log.warning("checkpointing %r failed (the next one tries again): %s",
+                            self.path, exc)
         finally:
             self._copying.release()
 
@@ -2292,10 +2294,10 @@ class _Worker:
     on its own event loop. (``ThreadPoolExecutor`` does the same with two more thread
     switches per job: its caller is woken while the worker still holds the GIL.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "cogency-sqlite") -> None:
         self._jobs: queue.SimpleQueue[
             tuple[Callable[[], Any], asyncio.Future[Any] | None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="cogency-sqlite", daemon=True)
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, job: Callable[[], T]) -> asyncio.Future[T]:
