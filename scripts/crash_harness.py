@@ -16,6 +16,7 @@ delay. Then, in this process:
     python scripts/crash_harness.py --kills 500          # the full run (figures for docs)
     python scripts/crash_harness.py --kills 100 --db postgresql://user@host/empty_db
     python scripts/crash_harness.py --kills 300 --parallel 3 --synchronous full  # grouped flushes
+    python scripts/crash_harness.py --kills 300 --checkpoint-bytes 65536  # kills in checkpoints
     python scripts/crash_harness.py zygote   # (started by the rounds: forks the workers)
 
 On PostgreSQL the database must be empty at the start; the checks read it with the same URL,
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 USERS = ("ana", "bo", "cy")
+CHECKPOINT_ENV = "COGENCY_CRASH_CHECKPOINT_BYTES"
+"""The SQLite workers' ``CHECKPOINT_BYTES`` (``--checkpoint-bytes``)."""
 MAX_CONVERSATION_MESSAGES = 60
 """Conversations are continued while short, so a resumed task sees all its own results."""
 
@@ -129,7 +132,11 @@ def zygote() -> None:
     """
     import cogency.agent  # noqa: F401
     import cogency.testing  # noqa: F401
+    from cogency.storage import sqlite as backend
     from cogency.tokens import count_tokens
+
+    if os.environ.get(CHECKPOINT_ENV):  # checkpoints every few jobs, so kills land in them
+        backend.CHECKPOINT_BYTES = int(os.environ[CHECKPOINT_ENV])
 
     count_tokens("warm up")
     os.write(1, b"zygote ready\n")
@@ -336,11 +343,12 @@ def check_jobs(db: str, side: Path, figures: Figures) -> None:
 async def run_rounds(
     workdir: Path, kills: int, seed: int = 0, max_delay: float = 0.3,
     on_round: Any = None, db: str | None = None, parallel: int = 1,
-    synchronous: str = "normal",
+    synchronous: str = "normal", checkpoint_bytes: int | None = None,
 ) -> Figures:
     """Kill ``kills`` workers; check and resume after each. Returns the figures. ``db``: a
     PostgreSQL URL (an empty database), else a SQLite file in ``workdir`` (opened by the
-    workers with ``synchronous``). Each worker runs ``parallel`` jobs at once (1 to 3)."""
+    workers with ``synchronous``). Each worker runs ``parallel`` jobs at once (1 to 3).
+    ``checkpoint_bytes``: the SQLite workers checkpoint that often (default 4 MiB)."""
     if not 1 <= parallel <= len(USERS):
         raise ValueError(f"parallel must be 1 to {len(USERS)}: each lane has users of its own")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -355,6 +363,8 @@ async def run_rounds(
     started = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH")]))}
+    if checkpoint_bytes is not None:
+        env[CHECKPOINT_ENV] = str(checkpoint_bytes)
     zygote_process = subprocess.Popen(
         [sys.executable, __file__, "zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         env=env, text=True, bufsize=1,
@@ -445,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synchronous", choices=("normal", "full"), default="normal",
                         help="the SQLite workers' durability (full: flushes, shared by "
                              "concurrent saves)")
+    parser.add_argument("--checkpoint-bytes", type=int,
+                        help="the SQLite workers checkpoint once their log holds this much "
+                             "(small: kills land in checkpoints)")
     options = parser.parse_args(args)
 
     def progress(number: int, figures: Figures) -> None:
@@ -453,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
 
     figures = asyncio.run(run_rounds(options.dir, options.kills, options.seed,
                                      options.max_delay, progress, options.db,
-                                     options.parallel, options.synchronous))
+                                     options.parallel, options.synchronous,
+                                     options.checkpoint_bytes))
     print(figures.summary())
     for failure in figures.failures[:20]:
         print("FAIL", failure)

@@ -44,10 +44,12 @@ async def test_sigkilled_workers_lose_nothing_and_resume_without_repeating_calls
 
 async def test_parallel_jobs_at_full_durability_lose_nothing_and_resume(tmp_path) -> None:
     # Three jobs at once per worker, at synchronous="full": their saves reach the store's
-    # worker together and share transactions and flushes (each in a savepoint of its own).
+    # worker together and share transactions and flushes (each in a savepoint of its own);
+    # checkpoints every 64 KiB of log, so kills land in them too (the copier's and the
+    # worker's).
     kills = max(10, KILLS // 3)
     figures = await harness.run_rounds(tmp_path, kills, seed=23, parallel=3,
-                                       synchronous="full")
+                                       synchronous="full", checkpoint_bytes=64 * 1024)
     assert figures.failures == [], figures.failures[:10]
     assert figures.kills == kills
     assert figures.kills_mid_task >= kills // 2, figures.summary()
