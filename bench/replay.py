@@ -35,22 +35,25 @@ from typing import Any
 from bench.peers import cogency as adapter
 from bench.peers._harness import SESSION_ID, USER_ID, Script, answer_text, user_text
 
-Statement = tuple[str, str, Any]  # ("one" | "many", sql, parameters)
+Statement = tuple[str, str, Any, int]  # ("one" | "many", sql, parameters, connection)
+Trace = tuple[int, str]  # (connection, the SQL as sqlite3's trace callback saw it)
 
 
 class _Recording(sqlite3.Connection):
-    """A connection that records every statement it is asked to run, with its parameters."""
+    """A connection that records every statement it is asked to run, with its parameters.
+    Connections are numbered in the order they were opened (the store's own first, then the
+    one its checkpoints run on)."""
 
     log: list[Statement]
-    traces: list[str]
+    number: int
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:  # type: ignore[override]
-        self.log.append(("one", sql, parameters))
+        self.log.append(("one", sql, parameters, self.number))
         return super().execute(sql, parameters)
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:  # type: ignore[override]
         rows = list(parameters)
-        self.log.append(("many", sql, rows))
+        self.log.append(("many", sql, rows, self.number))
         return super().executemany(sql, rows)
 
     def executescript(self, script: str, /) -> sqlite3.Cursor:  # type: ignore[override]
@@ -58,15 +61,18 @@ class _Recording(sqlite3.Connection):
 
 
 @contextmanager
-def recording(log: list[Statement], traces: list[str]) -> Iterator[None]:
+def recording(log: list[Statement], traces: list[Trace]) -> Iterator[None]:
     """Every ``sqlite3.connect`` in this block makes a recording, traced connection."""
     real = sqlite3.connect
+    opened = [0]
 
     def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         connection = real(*args, factory=_Recording, **kwargs)
         assert isinstance(connection, _Recording)
-        connection.log, connection.traces = log, traces
-        connection.set_trace_callback(traces.append)
+        number = connection.number = opened[0]
+        opened[0] += 1
+        connection.log = log
+        connection.set_trace_callback(lambda sql: traces.append((number, sql)))
         return connection
 
     sqlite3.connect = connect  # type: ignore[assignment]
@@ -77,14 +83,16 @@ def recording(log: list[Statement], traces: list[str]) -> Iterator[None]:
 
 
 async def capture(path: Path, turns: int, synchronous: str
-                  ) -> tuple[list[Statement], list[list[Statement]], list[str], list[list[str]]]:
+                  ) -> tuple[list[Statement], list[list[Statement]], list[Trace],
+                             list[list[Trace]]]:
     """The statements of opening the store and of each of ``turns`` turns, the whole trace,
-    and each turn's traced statements (literal SQL)."""
+    and each turn's traced statements (literal SQL). A checkpoint the store's copier thread
+    ran during a turn counts in that turn, on a connection of its own."""
     log: list[Statement] = []
-    traces: list[str] = []
+    traces: list[Trace] = []
     script = Script()
     per_turn: list[list[Statement]] = []
-    traced: list[list[str]] = []
+    traced: list[list[Trace]] = []
     with recording(log, traces):
         session = await adapter.open_session(script, str(path), synchronous)
         try:
@@ -101,22 +109,44 @@ async def capture(path: Path, turns: int, synchronous: str
     return log[:setup_end], per_turn, traces, traced
 
 
-def replay_connection(path: Path, setup: list[Statement]) -> sqlite3.Connection:
-    from cogency.storage.sqlite import CHAIN_TURNS, _chain_turns
+class Replay:
+    """Plain ``sqlite3`` connections to one file, one for each the store opened (numbered
+    alike), each opened when first used."""
 
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    # The function the store's statements call (a turn's SQL work includes what it does).
-    db.create_function(CHAIN_TURNS, 2, _chain_turns, deterministic=True)
-    run(db, setup)
-    return db
+    def __init__(self, path: Path, trace: Any = None) -> None:
+        self.path, self.trace = path, trace
+        self.connections: dict[int, sqlite3.Connection] = {}
+
+    def __getitem__(self, number: int) -> sqlite3.Connection:
+        db = self.connections.get(number)
+        if db is None:
+            from cogency.storage.sqlite import CHAIN_TURNS, _chain_turns
+
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            # The function the store's statements call (a turn's SQL work includes it).
+            db.create_function(CHAIN_TURNS, 2, _chain_turns, deterministic=True)
+            if self.trace is not None:
+                db.set_trace_callback(lambda sql: self.trace((number, sql)))
+            self.connections[number] = db
+        return db
+
+    def close(self) -> None:
+        for db in reversed(self.connections.values()):
+            db.close()
 
 
-def run(db: sqlite3.Connection, statements: list[Statement]) -> None:
-    for kind, sql, parameters in statements:
+def replay_connection(path: Path, setup: list[Statement], trace: Any = None) -> Replay:
+    replay = Replay(path, trace)
+    run(replay, setup)
+    return replay
+
+
+def run(replay: Replay, statements: list[Statement]) -> None:
+    for kind, sql, parameters, number in statements:
         if kind == "one":
-            db.execute(sql, parameters).fetchall()
+            replay[number].execute(sql, parameters).fetchall()
         else:
-            db.executemany(sql, parameters)
+            replay[number].executemany(sql, parameters)
 
 
 async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]:
@@ -124,21 +154,23 @@ async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]
         folder = Path(directory)
         setup, per_turn, traces, traced = await capture(folder / "captured.db", turns,
                                                         synchronous)
-        # The replay is the same work: the same statements, values and order.
-        check = replay_connection(folder / "check.db", [])
-        replayed: list[str] = []
-        check.set_trace_callback(replayed.append)
-        run(check, setup)
+        # The replay is the same work: the same statements, values and order, on each
+        # connection (the copier's statements fall between the store's as the threads ran).
+        replayed: list[Trace] = []
+        check = replay_connection(folder / "check.db", setup, replayed.append)
         for statements in per_turn:
             run(check, statements)
         check.close()
-        if replayed != traces:
-            first = next(i for i, (a, b) in enumerate(zip(replayed, traces)) if a != b) \
-                if any(a != b for a, b in zip(replayed, traces)) else min(len(replayed),
-                                                                         len(traces))
-            raise AssertionError(
-                f"the replay differs from the recorded turn at statement {first}: "
-                f"{replayed[first:first + 1]!r} vs {traces[first:first + 1]!r}")
+        for number in sorted({n for n, _ in traces} | {n for n, _ in replayed}):
+            ours = [sql for n, sql in replayed if n == number]
+            theirs = [sql for n, sql in traces if n == number]
+            if ours != theirs:
+                first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                             min(len(ours), len(theirs)))
+                raise AssertionError(
+                    f"the replay differs from the recorded turns on connection {number} at "
+                    f"statement {first}: {ours[first:first + 1]!r} vs "
+                    f"{theirs[first:first + 1]!r}")
 
         db = replay_connection(folder / "replay.db", setup)
         literal = replay_connection(folder / "literal.db", setup)
@@ -159,8 +191,8 @@ async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]
                 wall["replay"].append(time.perf_counter() - began)
                 cpu["replay"].append(time.process_time() - began_cpu)
                 began, began_cpu = time.perf_counter(), time.process_time()
-                for text in texts:  # as sqlite3's trace callback saw it: literal SQL
-                    literal.execute(text).fetchall()
+                for number, text in texts:  # as sqlite3's trace callback saw it: literal
+                    literal[number].execute(text).fetchall()
                 wall["literal"].append(time.perf_counter() - began)
                 cpu["literal"].append(time.process_time() - began_cpu)
             seen = await session.synchronous()
@@ -170,14 +202,14 @@ async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]
             literal.close()
         assert seen == {{"normal": 1, "full": 2}[synchronous]}, seen
     statements_per_turn = statistics.median(
-        sum(len(p) if k == "many" else 1 for k, _, p in s) for s in per_turn)
+        sum(len(p) if k == "many" else 1 for k, _, p, _ in s) for s in per_turn)
     med = {key: {way: statistics.median(values[skip:]) for way, values in figures.items()}
            for key, figures in (("wall", wall), ("cpu", cpu))}
     return {
         "case": "replay", "framework": "cogency", "synchronous": synchronous, "turns": turns,
         "statements_per_turn": statements_per_turn,
         "transactions_per_turn": statistics.median(
-            sum(1 for _, sql, _ in s if sql.startswith("BEGIN")) for s in per_turn),
+            sum(1 for _, sql, _, _ in s if sql.startswith("BEGIN")) for s in per_turn),
         "wall": med["wall"], "cpu": med["cpu"],
         "cpu_ratio": med["cpu"]["cogency"] / med["cpu"]["replay"],
         "wall_ratio": med["wall"]["cogency"] / med["wall"]["replay"],
