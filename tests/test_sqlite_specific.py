@@ -315,6 +315,39 @@ async def test_a_checkpoint_that_fails_is_logged_and_the_next_one_runs(
     assert [r for r in caplog.records if "disk I/O error" in r.getMessage()]
 
 
+async def test_a_checkpoint_that_fails_after_a_call_fails_not_that_call(
+        tmp_path, monkeypatch, caplog):
+    """The worker's checkpoint after a call that filled the log: if SQLite fails it, the call
+    (done, committed) still returns its result; the failure is in the log."""
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    def checkpoint(db: sqlite3.Connection) -> None:
+        failed.append(True)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    failed: list[bool] = []
+    store = SQLiteStore(tmp_path / "t.db")
+    text = "x" * (backend.INLINE_CHARACTERS + 1)  # its save goes to the worker
+    with caplog.at_level("WARNING", logger="cogency"):
+        async with Agent(ScriptedLLM([{"response": "hi"}, {"response": text}]),
+                         store=store) as agent:
+            await agent.run("hello", "alice")
+            await store._hand(lambda db: None, checkpoint=True)  # the log starts over
+            # The next turn's start leaves the log under 100 KiB; its answer's save, on
+            # the worker, fills it: the worker checkpoints after it, itself.
+            monkeypatch.setattr(backend, "_checkpoint", checkpoint)
+            monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 100 * 1024)
+            monkeypatch.setattr(backend, "COPY_ALONE_BYTES", 1 << 30)
+            result = await agent.run("hello", "alice")
+            assert result.stop_reason == "completed" and result.response == text
+        messages = await store.load_messages(result.conversation_id, "alice")
+        await store.close()
+    assert failed and messages[-1]["content"] == text
+    assert [r for r in caplog.records if "disk I/O error" in r.getMessage()]
+
+
 async def _copier_idle(store: SQLiteStore) -> None:
     """Once the checkpoint the copier thread has in hand (if any) is over."""
     if store._copier is not None:

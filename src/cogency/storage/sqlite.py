@@ -743,14 +743,27 @@ class SQLiteStore:
             with self._lock:
                 try:
                     result = self._call(fn)
-                    if checkpoint or (self._wrote and self._log_is_full()):
+                    if checkpoint:
                         with contextlib.suppress(_Busy):  # locked elsewhere: a later one
                             self._call(_checkpoint, waits=False)
+                    elif self._wrote and self._log_is_full():
+                        self._checkpoint_after()
                     return result
                 finally:
                     self._finished = ticket  # the worker runs jobs in order: all before too
 
         return job
+
+    def _checkpoint_after(self) -> None:
+        """On the worker, after a call that filled the log: a checkpoint whose failure (a
+        disk error, say) is said in the log, not to that call's caller, whose call is
+        done; a later commit tries again."""
+        try:
+            self._call(_checkpoint, waits=False)
+        except _Busy:  # locked elsewhere: a later one
+            pass
+        except StorageError as exc:
+            log.warning("checkpointing %r failed (the next one tries again): %s", self.path, exc)
 
     def _log_is_full(self) -> bool:
         """After a commit, once the log holds ``CHECKPOINT_BYTES``: the copier copies it
