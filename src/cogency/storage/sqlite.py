@@ -1038,15 +1038,17 @@ class SQLiteStore:
         if self._checkpointing is not None:  # handed to the worker before: it runs, not fails
             await asyncio.wait([self._checkpointing])
         self._closed = True
-        if self._copier is not None:  # closed first: the last connection closed ends the log
-            await self._copier.submit(self._close_copier)
-            self._copier.stop()
-            self._copier = None
         if self._worker is not None:
             await self._run_close()
         elif self._db is not None:  # every call ran on the loop: nothing runs on the worker
             with self._lock:
                 self._close_db()
+        # Last: no job left on the worker can hand it a checkpoint now. (Whichever connection
+        # closes last copies what is left of the log and removes its file.)
+        if self._copier is not None:
+            await self._copier.submit(self._close_copier)
+            self._copier.stop()
+            self._copier = None
 
     async def _run_close(self) -> None:
         assert self._worker is not None
