@@ -303,3 +303,75 @@ async def test_a_lapsed_hold_nobody_took_is_renewed_and_the_run_goes_on(any_stor
     assert epoch == 1
     await any_store.release_conversation("c", holder)
     assert await raw("SELECT runner FROM conversation_runs") == [(None,)]
+
+
+async def test_turn_after_turn_one_heartbeat_renews_what_is_held(tmp_path):
+    """A store renews what it holds with one heartbeat, which letting go of the last hold does
+    not stop: turn after turn (each holds its task) runs with the same one, which ends by
+    itself at a beat that finds nothing held; a hold taken later starts another, and that one
+    renews its lease."""
+    import sqlite3
+
+    from cogency import Agent
+    from cogency.storage import SQLiteStore
+    from cogency.testing import ScriptedLLM
+
+    path = tmp_path / "beat.db"
+    store = SQLiteStore(path, lease=0.3)  # a beat every 0.1 s
+    try:
+        async with Agent(ScriptedLLM([{"response": "ok"}] * 3), store=store) as agent:
+            first = await agent.run("one", "alice")
+            beat = store._leases._beat
+            assert beat is not None and not beat.done()
+            for text in ("two", "three"):
+                await agent.run(text, "alice", first.conversation_id)
+            assert store._leases._beat is beat  # never cancelled and started again
+            await asyncio.wait_for(beat, 10)  # nothing held: it ends by itself
+
+            await store.hold_conversation("c", "alice", new_runner())
+            assert store._leases._beat is not beat and not store._leases._beat.done()
+            taken = _lease_until(path, "c")
+            for _ in range(200):  # renewed at its next beat
+                if _lease_until(path, "c") != taken:
+                    break
+                await asyncio.sleep(0.05)
+            assert _lease_until(path, "c") > taken
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as check:  # each run let its task go, with nothing left held
+        assert check.execute("SELECT count(*) FROM task_workspaces").fetchone() == (0,)
+
+
+def test_a_store_used_from_another_event_loop_renews_there(tmp_path):
+    """A heartbeat left pending on an event loop closed without cancelling it renews nothing:
+    a hold taken on the next loop starts a heartbeat there, which renews its lease."""
+    from cogency.storage import SQLiteStore
+
+    path = tmp_path / "loops.db"
+    store = SQLiteStore(path, lease=0.3)
+    first = asyncio.new_event_loop()
+    first.run_until_complete(store.hold_conversation("c", "alice", new_runner()))
+    stale = store._leases._beat
+    first.close()  # its heartbeat is still pending there, and never runs again
+    assert stale is not None and not stale.done()
+
+    async def on_the_next_loop() -> None:
+        await store.hold_conversation("d", "alice", new_runner())
+        taken = _lease_until(path, "d")
+        for _ in range(200):
+            if _lease_until(path, "d") != taken:
+                break
+            await asyncio.sleep(0.05)
+        assert _lease_until(path, "d") > taken
+        await store.close()
+
+    asyncio.run(on_the_next_loop())
+
+
+def _lease_until(path: object, conversation_id: str) -> str:
+    import sqlite3
+
+    with sqlite3.connect(str(path)) as check:
+        (until,) = check.execute("SELECT lease_until FROM conversation_runs "
+                                 "WHERE conversation_id = ?", (conversation_id,)).fetchone()
+    return str(until)

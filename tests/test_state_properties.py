@@ -194,3 +194,27 @@ async def test_messages_round_trip_through_the_store(store, db, first, second, u
     later = await State.start_task("next", user_id, conversation_id, store=store,
                                    history_tokens=10**9)
     assert [(m["role"], m["content"]) for m in later.execution.messages] == everything
+
+
+async def test_the_ids_a_turn_makes_are_random_version_4_uuids():
+    """Task and conversation ids are UUID4 text as ``str(uuid.uuid4())`` writes it; runners
+    and message ids carry 128 random bits in hexadecimal; none repeats."""
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    tasks, conversations, messages = set(), set(), set()
+    async with Agent(ScriptedLLM([{"response": "ok"}] * 40), store=":memory:") as agent:
+        for _ in range(40):
+            result = await agent.run("hello", "alice")
+            tasks.add(result.task_id)
+            conversations.add(result.conversation_id)
+            stored = await agent.store.load_messages(result.conversation_id, "alice", limit=10)
+            messages.update(m["id"] for m in stored)
+    assert len(tasks) == len(conversations) == 40 and len(messages) == 80
+    for text in tasks | conversations:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+    assert all(len(m) == 32 and int(m, 16) >= 0 for m in messages)
+    # Every variant digit appears: the two random bits under the variant are not fixed.
+    assert {text[19] for text in tasks | conversations} == set("89ab")

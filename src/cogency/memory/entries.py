@@ -25,13 +25,13 @@ in one place:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
 from .. import _time
+from .._ids import new_hex
 from .._json import dumps
 from ..errors import NotFoundError, UsageError
 from .profile import _LIST_BOUNDS, _MAP_BOUNDS, MAX_TEXT, SYNTHESIS_FIELDS, Profile, _text
@@ -504,7 +504,7 @@ class ProfileBook:
              sources: Sequence[dict[str, Any]], model: str | None) -> ProfileEntry:
         merged, omitted = _merged([], sources, 0)
         entry = ProfileEntry(
-            entry_id=uuid.uuid4().hex, user_id=self.profile.user_id, field=name, key=key,
+            entry_id=new_hex(), user_id=self.profile.user_id, field=name, key=key,
             value=value, origin=origin, sources=merged, rank=self._next_rank(),
             created_at=self.now, updated_at=self.now, model=model, sources_omitted=omitted,
         )

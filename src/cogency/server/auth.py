@@ -169,5 +169,5 @@ async def caller(
     if record is None:
         raise Unauthorized("this API key is not valid (unknown, mistyped or revoked)",
                            _CHALLENGE)
-    return Caller(record.user_id, record.key_id, state.store, state.runs, request.url.path,
+    return Caller(record.user_id, record.key_id, state.store, state.runs, request.scope["path"],
                   request.headers.get(IDEMPOTENCY_HEADER), request.headers.get(RETRY_HEADER))

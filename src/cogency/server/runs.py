@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import _time
+from .._ids import new_uuid
 from ..agent import Agent, AgentResult
 from ..client import SETTINGS_KEY
 from ..errors import CogencyError, NotFoundError, UsageError
@@ -379,7 +379,7 @@ class Runs:
             runner = None  # its conversation is new, made by the agent: no one else can run it
         else:
             # The id is chosen here, so that even a new conversation is held from the start.
-            conversation_id = conversation_id or str(uuid.uuid4())
+            conversation_id = conversation_id or new_uuid()
             assert query is not None
             events = self.agent.stream(query, user_id, conversation_id, history=history, **asks)
         if runner is not None:

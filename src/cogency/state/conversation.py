@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from .. import _time
+from .._ids import new_uuid
 
 
 @dataclass
@@ -18,7 +18,7 @@ class Conversation:
     database however much of it is loaded here.
     """
 
-    conversation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    conversation_id: str = field(default_factory=new_uuid)
     user_id: str = ""
     messages: list[dict[str, Any]] = field(default_factory=list)
     created_at: datetime = field(default_factory=_time.now)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import unicodedata
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _telemetry, _time
 from .._history import History
+from .._ids import new_hex, new_uuid
 from .._redact import scrub_surrogates
 from ..errors import CorruptDataError, UsageError
 from ..storage.base import ConversationRecord, SaveBatch, TaskRecord
@@ -39,7 +39,7 @@ class State:
 
     query: str
     user_id: str = "default"
-    task_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    task_id: str = field(default_factory=new_uuid)
     conversation: Conversation = field(default_factory=Conversation)
     workspace: Workspace = field(default_factory=Workspace)
     execution: Execution = field(default_factory=Execution)
@@ -55,7 +55,7 @@ class State:
     epoch: int | None = None
     """The lease epoch of the runner this state writes for: its saves are refused
     (:class:`~cogency.errors.LeaseLostError`) once another runner holds the task."""
-    _save_id: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
+    _save_id: str = field(default_factory=new_hex, repr=False, compare=False)
     """Kept until a save succeeds, so a retry after an unknown outcome is known as one."""
     _saved_workspace: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     _owns_store: bool = field(default=False, repr=False, compare=False)
@@ -100,14 +100,13 @@ class State:
         if conversation_id is not None:
             check_id(conversation_id, "conversation_id")
         store, owned = _resolve_store(store)
-        state = cls(query=query, user_id=user_id, store=store, _owns_store=owned)
-        if task_id is not None:
-            state.task_id = check_id(task_id, "task_id")
-        state.workspace = Workspace(objective=query)
-        state.execution = Execution(max_iterations=max_iterations)
         conversation = Conversation(
-            conversation_id=conversation_id or str(uuid.uuid4()), user_id=user_id
+            conversation_id=conversation_id or new_uuid(), user_id=user_id
         )
+        state = cls(query=query, user_id=user_id, store=store, _owns_store=owned,
+                    task_id=new_uuid() if task_id is None else check_id(task_id, "task_id"),
+                    conversation=conversation, workspace=Workspace(objective=query),
+                    execution=Execution(max_iterations=max_iterations))
         if history and not record_query:
             raise UsageError("history is stored before the query: pass record_query=True")
         for role, text in history:
@@ -240,7 +239,7 @@ def add_message(state: State, role: str, content: str, **extra: Any) -> dict[str
 def await_approval(state: State, call: dict[str, Any], decider: str = "person") -> dict[str, Any]:
     """Record that ``call`` waits for its ``decider`` (a person, or the client whose tool it
     is); the next save stores it. Returns it with its new ``id`` (what is decided on)."""
-    waiting = {"id": f"call_{uuid.uuid4().hex[:16]}", "name": call["name"],
+    waiting = {"id": f"call_{new_hex()[:16]}", "name": call["name"],
                "args": call.get("args") or {}, "decider": decider}
     state._approvals.append(waiting)
     return waiting
@@ -290,7 +289,7 @@ async def _save(state: State, profile: Profile | None, *, complete: bool,
     )
     state.version = await _telemetry.store("complete_task" if complete else "save", state.store,
                                            state.store.save(batch))
-    state._save_id = uuid.uuid4().hex
+    state._save_id = new_hex()
     del state.conversation.unsaved[: len(pending)]
     del state._approvals[: len(approvals)]
     del state._settled[: len(settled)]
@@ -301,7 +300,7 @@ async def _save(state: State, profile: Profile | None, *, complete: bool,
 def _message(state: State, role: str, content: str, **extra: Any) -> dict[str, Any]:
     content = scrub_surrogates(content)  # a model's "\ud800" must not fail the save
     return {
-        "id": uuid.uuid4().hex,  # the database stores each id once: retried saves never double
+        "id": new_hex(),  # the database stores each id once: retried saves never double
         "role": role,
         "content": content,
         "task_id": state.task_id,

@@ -71,7 +71,6 @@ class Leases:
     def drop_task(self, task_id: str) -> None:
         self.tasks.pop(task_id, None)
         self.fences.pop(task_id, None)
-        self._stop_if_idle()
 
     def hold_conversation(self, conversation_id: str, runner: str, epoch: int) -> None:
         self.holds[conversation_id] = (runner, epoch)
@@ -80,7 +79,6 @@ class Leases:
     def drop_conversation(self, conversation_id: str, runner: str) -> None:
         if self.holds.get(conversation_id, (None,))[0] == runner:
             del self.holds[conversation_id]
-            self._stop_if_idle()
 
     def fence(self, task_id: str) -> tuple[str, int] | None:
         """(conversation id, hold epoch) a write of this task must still find, if any."""
@@ -95,17 +93,18 @@ class Leases:
             self._beat = None
 
     def _start(self) -> None:
-        if self._beat is None or self._beat.done():
-            self._beat = asyncio.get_running_loop().create_task(self._renew())
-
-    def _stop_if_idle(self) -> None:
-        if not self.tasks and not self.holds and self._beat is not None:
-            self._beat.cancel()  # nothing left to renew: no task lingers in the loop
-            self._beat = None
+        # One heartbeat for whatever is held. Letting go of the last hold does not stop it:
+        # it ends by itself at its next beat if nothing is held then, so a run after run
+        # (every turn holds its task) starts no task and cancels none.
+        loop = asyncio.get_running_loop()
+        if self._beat is None or self._beat.done() or self._beat.get_loop() is not loop:
+            self._beat = loop.create_task(self._renew())
 
     async def _renew(self) -> None:
-        while self.tasks or self.holds:
+        while True:
             await asyncio.sleep(self.seconds / 3)
+            if not self.tasks and not self.holds:
+                return
             # A run that ended unreleased (its process knows it is over) renews no more.
             tasks, holds = dict(self.tasks), dict(self.holds)
             ended_tasks = {key for key, (runner, _) in tasks.items() if not runner_alive(runner)}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from .. import _time
+from .._ids import new_hex
 from .._json import dumps, loads
 from ..errors import (
     ClaimLostError,
@@ -895,7 +895,7 @@ def legacy_messages(
 
 def new_runner() -> str:
     """An identity for one run of a task: host, process, process start time, and a token."""
-    return f"{_own_process()}|{uuid.uuid4().hex}"
+    return f"{_own_process()}|{new_hex()}"
 
 
 _OWN: tuple[int, str] = (0, "")
