@@ -49,10 +49,23 @@ ADMIN_DSN = os.environ.get("COGENCY_BENCH_PG", "postgresql://postgres@127.0.0.1:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class _Served(ScriptedLLM):
+    """ScriptedLLM keeps every call's messages, for a test's assertions. A model serving
+    thousands of requests keeps none: kept, they would pile up in the server's memory (and
+    slow its garbage collector) as no real model's calls do."""
+
+    async def generate(self, messages: list[Any], *, schema: Any = None) -> Any:
+        try:
+            return await super().generate(messages, schema=schema)
+        finally:
+            self.calls.clear()
+            self.call_options.clear()
+
+
 def model() -> ScriptedLLM:
     """The served model: answers every call after ``$COGENCY_BENCH_DELAY`` seconds."""
     delay = float(os.environ.get("COGENCY_BENCH_DELAY", "0.05"))
-    return ScriptedLLM(itertools.repeat({"response": "ok"}), delay=delay)
+    return _Served(itertools.repeat({"response": "ok"}), delay=delay)
 
 
 class _Server:
@@ -237,7 +250,7 @@ async def overhead(count: int, workdir: str) -> None:
 
 
 def model_instant() -> ScriptedLLM:
-    return ScriptedLLM(itertools.repeat({"response": "ok"}))
+    return _Served(itertools.repeat({"response": "ok"}))
 
 
 def open_webui_tools() -> list[dict[str, Any]]:
