@@ -93,7 +93,7 @@ def exact_tokens(text: str, tokens: int) -> int:
     return count_tokens(text) if is_estimate(text, tokens) else tokens
 
 
-_LONG_RUN = re.compile(r"\S{%d,}" % 128)
+_LONG_RUN = re.compile(r"(?<!\S)\S{%d,}" % 128)  # tried only where a run begins
 
 
 def _encode(text: str) -> list[int]:

@@ -323,6 +323,8 @@ def check_id(value: Any, name: str) -> str:
     """
     if not isinstance(value, str) or not value.strip():
         raise UsageError(f"{name} must be a non-empty string, not {value!r}")
+    if len(value) <= MAX_ID_LENGTH and value.isascii() and value.isprintable():
+        return value  # printable ASCII: no control or invisible character, and NFKC already
     categories = {unicodedata.category(ch) for ch in value}
     if len(value) > MAX_ID_LENGTH or categories & {"Cc", "Cs", "Zl", "Zp"}:
         raise UsageError(
