@@ -241,9 +241,12 @@ async def test_the_copying_of_a_checkpoint_never_holds_up_a_turn(tmp_path, monke
     """The log is copied into the database by a thread and connection of the checkpoint's
     own while the turns go on; the worker, in turn with the calls, only copies the little
     written meanwhile (under ``COPY_ALONE_BYTES``) and starts the log over: a turn no longer
-    waits for a whole checkpoint (before: 20-30 ms, once per 4 MiB written)."""
-    import threading
+    waits for a whole checkpoint (before: 20-30 ms, once per 4 MiB written).
 
+    A reader, taken again after each turn, keeps the copy from reaching the turn in flight,
+    as a copy slower than the commits around it does (on a fast machine a copy ends before
+    the next commit, and SQLite starts a log it finds all copied over by itself: the
+    worker's part would not come)."""
     from cogency import Agent
     from cogency.storage import sqlite as backend
     from cogency.testing import ScriptedLLM
@@ -266,15 +269,25 @@ async def test_the_copying_of_a_checkpoint_never_holds_up_a_turn(tmp_path, monke
     original_copy, original_checkpoint = backend._copy_log, backend._checkpoint
     monkeypatch.setattr(backend, "_copy_log", copy_log)
     monkeypatch.setattr(backend, "_checkpoint", checkpoint)
-    text = "x" * 30_000
+    text = "x" * 20_000  # a turn writes under COPY_ALONE_BYTES of log
     turns = 0
+    reader: sqlite3.Connection | None = None
     async with Agent(ScriptedLLM([{"response": text}] * 400), store=store) as agent:
         conversation = (await agent.run(text, "alice")).conversation_id
         loop_thread = threading.get_ident()
-        while len(left) < 3:
-            await agent.run(text, "alice", conversation)
-            turns += 1
-            assert turns < 300
+        try:
+            while len(left) < 3:
+                await agent.run(text, "alice", conversation)
+                turns += 1
+                assert turns < 300
+                if reader is not None:
+                    reader.close()
+                reader = sqlite3.connect(path, isolation_level=None)
+                reader.execute("BEGIN")
+                reader.execute("SELECT count(*) FROM conversation_messages").fetchone()
+        finally:
+            if reader is not None:
+                reader.close()
         worker_thread = await store._hand(lambda db: threading.get_ident())
     await store.close()
     assert copies and not {loop_thread, worker_thread} & set(copies)
@@ -366,6 +379,12 @@ async def test_after_a_checkpoint_commits_reuse_the_log_file(tmp_path, monkeypat
     monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 512 * 1024)
     path = tmp_path / "t.db"
     log = path.with_name(path.name + "-wal")
+    # The copier copies nothing here, so the worker starts the log over once it holds
+    # LOG_MOST_BYTES. (A copy that ends before the next commit, on a fast machine, lets
+    # SQLite start the log over by itself at that commit: the worker's checkpoint, which
+    # this checks, would not come.)
+    monkeypatch.setattr(backend, "LOG_MOST_BYTES", 1024 * 1024)
+    monkeypatch.setattr(backend, "_copy_log", lambda db: None)
     store = SQLiteStore(path)  # every call on the loop: the checkpoint shows as handed
     text = "x" * 20_000
     async with Agent(ScriptedLLM([{"response": text}] * 100), store=store) as agent:
@@ -374,6 +393,7 @@ async def test_after_a_checkpoint_commits_reuse_the_log_file(tmp_path, monkeypat
         while store._checkpointing is None:
             await agent.run(text, "alice", conversation)
             turns += 1
+            assert turns < 90
         await store._checkpointing
         size = log.stat().st_size
         assert size >= backend.CHECKPOINT_BYTES
