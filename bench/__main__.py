@@ -780,9 +780,13 @@ python -m venv ~/.cache/cogency-bench-peers         # the peers' pins clash with
 ~/.cache/cogency-bench-peers/bin/python -m bench --from-json run.json   # rewrite from results
 python -m bench.replay --synchronous full             # Cogency ÷ its SQL alone
 python -m bench.bench_service --clients-json 1,10     # the HTTP service alone
+python -m bench.instructions --against ../base/src    # instructions per turn (valgrind), A/B
 ```
 
 `strace` counts the fsyncs (`apt-get install strace`; without it that row is left out).
+Times on a shared machine drift by up to 25% between runs; `bench.instructions` counts the
+instructions of a durable turn with valgrind (`apt-get install valgrind`), which repeat to
+within 0.1%, for an A/B of two checkouts (another one's `src`, e.g. from `git worktree add`).
 `--quick` runs every case briefly, a framework's cases in one process per setting and a
 100-turn long conversation: a smoke run, not the published figures (the database-size and
 flatness goals are defined at 1,000 turns).
