@@ -753,6 +753,9 @@ loss. No figure compares frameworks at different settings.
   CPU time (`time.process_time`, every thread of the process) over the same span is
   reported too: other work on a shared machine moves it far less than wall time.
 - **Per-turn time at turn N**: median (p95) of the 10 turns around N of one conversation.
+  Cogency's p95 at turn 10 holds the one turn (the 14th) in which its process loads the
+  exact tokenizer (100-250 ms, once per process): the first turn whose history window's upper
+  bound of tokens, its UTF-8 length, no longer fits the window.
   **Database size**: the file plus any WAL left, after the conversation is closed, divided
   by the UTF-8 size of all user messages and answers.
 - **Cold import**: `python -c "<the imports the benchmark uses>"` in a fresh interpreter,
