@@ -17,7 +17,7 @@ of a turn grew or shrank, not by how much the turn's time did.
     python -m bench.instructions --synchronous normal
     python -m bench.instructions --against /tmp/base/src      # A/B: a checkout made with
                                                               # git worktree add /tmp/base main
-Needs valgrind (``apt-get install valgrind``); about a minute per checkout on two cores.
+Needs valgrind (``apt-get install valgrind``); about 25 s per checkout on two cores.
 """
 
 from __future__ import annotations
