@@ -127,6 +127,9 @@ class Caller:
         """How this request starts at most one run: by its ``Idempotency-Key``, or (sent by
         an OpenAI SDK, which numbers its attempts) by the request itself, so an SDK's retry
         gets the first attempt's run; ``None`` for a request with neither."""
+        numbered = self._attempt is not None and self._attempt.isdigit()
+        if self._idempotency_key is None and not numbered:
+            return None
         text = f"{self._path}\n{body.model_dump_json()}"
         request = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
         if self._idempotency_key is not None:
@@ -135,10 +138,9 @@ class Caller:
                                    "characters (a UUID is a good one)")
             key = hashlib.sha256(f"key\n{self._idempotency_key}".encode()).hexdigest()
             return Once(key, request)
-        if self._attempt is not None and self._attempt.isdigit():
-            key = hashlib.sha256(f"sdk\n{request}".encode()).hexdigest()
-            return Once(key, request, replace=int(self._attempt) == 0, ttl=SDK_RETRY_SECONDS)
-        return None
+        assert self._attempt is not None
+        key = hashlib.sha256(f"sdk\n{request}".encode()).hexdigest()
+        return Once(key, request, replace=int(self._attempt) == 0, ttl=SDK_RETRY_SECONDS)
 
     async def run(self, query: str, conversation_id: str | None,
                   history: Sequence[tuple[str, str]] = (),
