@@ -784,6 +784,7 @@ python -m venv ~/.cache/cogency-bench-peers         # the peers' pins clash with
 python -m bench.replay --synchronous full             # Cogency ÷ its SQL alone
 python -m bench.bench_service --clients-json 1,10     # the HTTP service alone
 python -m bench.instructions --against ../base/src    # instructions per turn (valgrind), A/B
+python -m bench.instructions --case served            # per served request, app in process
 ```
 
 `strace` counts the fsyncs (`apt-get install strace`; without it that row is left out).

@@ -10,11 +10,16 @@ conversations (where the exact encoding loads) cancel out. With ``--against SRC`
 checkout's ``src``), the same there, and the change. Hash seeds are fixed
 (``PYTHONHASHSEED=0``); the counts repeat to within 0.1%.
 
+``--case served`` counts a ``POST /api/runs`` instead, answered by ``cogency serve``'s app in
+the same process (its middleware, the key's check, the conversation's hold, the agent, the
+JSON answer; no socket and no HTTP client), each conversation ``--turns`` requests long.
+
 Instructions are not time: a system call (a disk flush, a thread's wake-up) counts for a few,
 and so the figure leaves out the kernel's part of a turn. It says whether the user-space work
 of a turn grew or shrank, not by how much the turn's time did.
 
     python -m bench.instructions --synchronous normal
+    python -m bench.instructions --case served
     python -m bench.instructions --against /tmp/base/src      # A/B: a checkout made with
                                                               # git worktree add /tmp/base main
 Needs valgrind (``apt-get install valgrind``); about 25 s per checkout on two cores.
@@ -32,6 +37,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -52,7 +58,64 @@ def _conversations(count: int, turns: int, synchronous: str) -> None:
     asyncio.run(run())
 
 
-def _instructions(src: Path, count: int, turns: int, synchronous: str) -> int:
+def _served(count: int, turns: int, synchronous: str) -> None:
+    """In the measured process: ``count`` conversations of ``turns`` runs each, every run a
+    ``POST /api/runs`` answered by ``cogency serve``'s app in this process (its middleware,
+    the key's check, the conversation's hold, the agent and the JSON answer; no socket)."""
+    import json
+
+    from bench.bench_service import model_instant
+    from cogency import Agent
+    from cogency.server import create_app
+    from cogency.server.keys import create_key
+    from cogency.storage import open_store
+
+    async def post(app: Any, key: str, conversation: str | None) -> str:
+        body = json.dumps({"query": "hello", "conversation_id": conversation}).encode()
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": "/api/runs",
+                 "raw_path": b"/api/runs", "query_string": b"", "root_path": "",
+                 "headers": [(b"host", b"bench"), (b"authorization", f"Bearer {key}".encode()),
+                             (b"content-type", b"application/json"),
+                             (b"content-length", str(len(body)).encode())],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {}}
+        messages: list[dict[str, Any]] = []
+        given = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client never goes away
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            messages.append(message)
+
+        await app(scope, receive, send)
+        if messages[0]["status"] != 200:
+            raise SystemExit(f"POST /api/runs answered {messages[0]['status']}: {messages[1:]}")
+        return str(json.loads(messages[1]["body"])["conversation_id"])
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory(prefix="bench-") as directory:
+            store = open_store(f"sqlite:///{directory}/served.db?synchronous={synchronous}")
+            _, key = await create_key(store, "bench-user")
+            async with Agent(llm=model_instant(), store=store) as agent:
+                app = create_app(agent)
+                async with app.router.lifespan_context(app):
+                    for _ in range(count):
+                        conversation = None
+                        for _ in range(turns):
+                            conversation = await post(app, key, conversation)
+            await store.close()
+
+    asyncio.run(run())
+
+
+def _instructions(src: Path, count: int, turns: int, synchronous: str,
+                  case: str = "turn") -> int:
     """Instructions (callgrind's ``Ir``) of a process running ``count`` conversations with
     the package at ``src``."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONMALLOC": "malloc",
@@ -61,7 +124,7 @@ def _instructions(src: Path, count: int, turns: int, synchronous: str) -> int:
         done = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={scratch}/out",
              sys.executable, "-m", "bench.instructions", "--child", str(count), "--turns",
-             str(turns), "--synchronous", synchronous],
+             str(turns), "--synchronous", synchronous, "--case", case],
             capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600,
         )
     found = re.search(r"Collected : (\d+)", done.stderr)
@@ -71,10 +134,11 @@ def _instructions(src: Path, count: int, turns: int, synchronous: str) -> int:
 
 
 def per_turn(src: Path, warmup: int, conversations: int, turns: int, synchronous: str,
-             pool: ThreadPoolExecutor) -> float:
-    """Instructions per turn of the checkout whose package is at ``src``."""
-    low = pool.submit(_instructions, src, warmup, turns, synchronous)
-    high = pool.submit(_instructions, src, warmup + conversations, turns, synchronous)
+             pool: ThreadPoolExecutor, case: str = "turn") -> float:
+    """Instructions per turn (or served request) of the checkout whose package is at
+    ``src``."""
+    low = pool.submit(_instructions, src, warmup, turns, synchronous, case)
+    high = pool.submit(_instructions, src, warmup + conversations, turns, synchronous, case)
     return (high.result() - low.result()) / (conversations * turns)
 
 
@@ -88,23 +152,29 @@ def main() -> None:
                         help="conversations counted: the difference between the processes")
     parser.add_argument("--against", type=Path, metavar="SRC",
                         help="another checkout's src directory: measured too, and compared")
+    parser.add_argument("--case", choices=("turn", "served"), default="turn",
+                        help="turn: Agent.run's durable turn; served: a POST /api/runs "
+                             "answered by `cogency serve`'s app in process (no socket)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        _conversations(args.child, args.turns, args.synchronous)
+        (_served if args.case == "served" else _conversations)(
+            args.child, args.turns, args.synchronous)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
     if args.against is not None and not (args.against / "cogency" / "__init__.py").is_file():
         raise SystemExit(f"{args.against} holds no cogency package: pass a checkout's src")
+    what = "served POST /api/runs" if args.case == "served" else "durable turn"
     with ThreadPoolExecutor(2) as pool:
-        mine = per_turn(SRC, args.warmup, args.conversations, args.turns, args.synchronous, pool)
-        print(f"instructions per durable turn (valgrind; synchronous={args.synchronous}, "
+        mine = per_turn(SRC, args.warmup, args.conversations, args.turns, args.synchronous,
+                        pool, args.case)
+        print(f"instructions per {what} (valgrind; synchronous={args.synchronous}, "
               f"{args.turns}-turn conversations):")
         print(f"  {mine / 1e6:7.3f} M  this checkout ({SRC})")
         if args.against is not None:
             theirs = per_turn(args.against, args.warmup, args.conversations, args.turns,
-                              args.synchronous, pool)
+                              args.synchronous, pool, args.case)
             print(f"  {theirs / 1e6:7.3f} M  {args.against}")
             print(f"  this checkout ÷ that one: {mine / theirs:.3f} "
                   f"({(mine / theirs - 1) * 100:+.1f}%)")

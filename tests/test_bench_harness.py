@@ -174,16 +174,20 @@ async def test_quick_pgbouncer_benchmark_compares_routes_and_counts_server_conne
         assert 1 <= seen <= 10, line  # never more server connections than PgBouncer's pool
 
 
-def test_instructions_per_turn_repeat_so_an_a_b_measures_the_change() -> None:
-    """`python -m bench.instructions` counts a durable turn's instructions under valgrind: the
-    same checkout measured against itself comes out the same, to well within a change worth
-    measuring (the drift that times show between runs is not there)."""
+def _valgrind() -> None:
     import os
 
     if shutil.which("valgrind") is None:
         if os.environ.get("CI"):
             pytest.fail("valgrind is not installed (.ci/run installs it)")
         pytest.skip("valgrind is not installed (apt-get install valgrind)")
+
+
+def test_instructions_per_turn_repeat_so_an_a_b_measures_the_change() -> None:
+    """`python -m bench.instructions` counts a durable turn's instructions under valgrind: the
+    same checkout measured against itself comes out the same, to well within a change worth
+    measuring (the drift that times show between runs is not there)."""
+    _valgrind()
     done = subprocess.run(
         [sys.executable, "-m", "bench.instructions", "--warmup", "1", "--conversations", "1",
          "--turns", "4", "--against", str(ROOT / "src")],
@@ -195,3 +199,20 @@ def test_instructions_per_turn_repeat_so_an_a_b_measures_the_change() -> None:
     assert len(figures) == 2 and figures[0] > 0.5, done.stdout  # millions per turn
     ratio = float(done.stdout.split("that one: ")[1].split()[0])
     assert abs(ratio - 1) < 0.01, done.stdout  # timed runs drift by up to 25%
+
+
+def test_instructions_per_served_request() -> None:
+    """`python -m bench.instructions --case served` counts a `POST /api/runs` answered by
+    `cogency serve`'s app in process (each answered 200, or the run fails): more than a turn
+    of the agent alone."""
+    _valgrind()
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.instructions", "--case", "served", "--warmup", "1",
+         "--conversations", "1", "--turns", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "per served POST /api/runs" in done.stdout, done.stdout
+    [figure] = [float(line.split()[0]) for line in done.stdout.splitlines()
+                if line.split()[1:2] == ["M"]]
+    assert 1 < figure < 50, done.stdout  # millions per request
