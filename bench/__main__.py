@@ -789,8 +789,9 @@ python -m bench.instructions --case served            # per served request, app 
 
 `strace` counts the fsyncs (`apt-get install strace`; without it that row is left out).
 Times on a shared machine drift by up to 25% between runs; `bench.instructions` counts the
-instructions of a durable turn with valgrind (`apt-get install valgrind`), which repeat to
-within 0.1%, for an A/B of two checkouts (another one's `src`, e.g. from `git worktree add`).
+instructions of a durable turn with valgrind (`apt-get install valgrind`), which do not
+drift (four runs: 2.973 to 2.976 M per turn), for an A/B of two checkouts (another one's
+`src`, e.g. from `git worktree add`).
 `--quick` runs every case briefly, a framework's cases in one process per setting and a
 100-turn long conversation: a smoke run, not the published figures (the database-size and
 flatness goals are defined at 1,000 turns).
