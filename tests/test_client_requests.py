@@ -586,3 +586,14 @@ def test_the_validator_reads_the_keywords_of_other_drafts_and_huge_numbers():
     validate(10 ** 400, {"multipleOf": 0.3})  # too large to tell: not refused
     with pytest.raises(SchemaViolation, match=r"must be one of \"aaaa"):
         validate("b", {"enum": ["a" * 10_000_000]})  # shown in a few characters
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_an_answer_with_no_limit_asked_for_is_kept_as_it_is(text):
+    """No ``stop`` and no ``max_tokens``: the answer is kept whole, whatever else was asked
+    (the quick way with no options, the full one with a model option)."""
+    from cogency.client import ClientRequest
+
+    assert ClientRequest.build().cut(text) == (text, False)
+    assert ClientRequest.build(options={"temperature": 0.5}).cut(text) == (text, False)

@@ -197,3 +197,27 @@ def test_the_utf8_length_bounds_the_count_from_above(text):
     if count_tokens(text) != most_tokens(text):
         assert not is_estimate(text, count_tokens(text))  # an exact count is never recounted
     assert truncate_tokens(text, most_tokens(text)) == text
+
+
+_PIECES = st.sampled_from(["a", "é", "中", "😀", " ", "\n", "\u3000", "\u00a0", "\x1c", "-"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(_PIECES, st.integers(1, 140)), max_size=8))
+def test_the_quick_look_for_long_runs_never_misses_one(parts):
+    """Counting skips the search for runs of 128+ non-space characters (which it cuts) when a
+    look at aligned blocks shows there is none: it must never say so of a text that has one."""
+    from cogency.tokens import _LONG_RUN, _may_have_long_run
+
+    text = "".join(piece * count for piece, count in parts)
+    if _LONG_RUN.search(text) is not None:
+        assert _may_have_long_run(text), text
+
+
+def test_the_quick_look_finds_a_run_of_exactly_128_wherever_it_starts():
+    from cogency.tokens import _may_have_long_run
+
+    for start in range(130):
+        for run in ("x" * 128, "é" * 128, "中" * 127 + "x"):
+            assert _may_have_long_run(" " * start + run + " \n"), (start, run[0])
+    assert not _may_have_long_run("ledger harbor quartz meadow " * 40)  # prose: no search

@@ -255,10 +255,11 @@ class AnswerStream:
     :meth:`feed` takes each piece of the reply, :meth:`retry` says the reply was invalid (the
     next one starts), :meth:`finish` gives the step's final answer (``None``: it did not
     answer) and sends what is left, or a restart. A model that streams nothing (only its
-    whole reply) gets no deltas: the ``response`` event carries its answer.
+    whole reply) gets no deltas: the ``response`` event carries its answer. With ``emit=None``
+    (no one reads the run's events: ``Agent.run``) nothing is scanned.
     """
 
-    def __init__(self, emit: Callable[[str, bool], None], *, tools: bool,
+    def __init__(self, emit: Callable[[str, bool], None] | None, *, tools: bool,
                  stop: Sequence[str] = (), max_tokens: int | None = None) -> None:
         self._emit = emit
         self._tools = tools
@@ -267,7 +268,8 @@ class AnswerStream:
         self._streamed = False  # a model that does not stream gets no deltas at all
         self._before = ""  # what was sent when this reply began (to compare a retry with)
         self._at = 0  # how far this reply's answer has come
-        self._begin()
+        if emit is not None:
+            self._begin()
 
     def _begin(self) -> None:
         self._scanner = StepScanner(final_without_actions=not self._tools)
@@ -276,6 +278,8 @@ class AnswerStream:
         self._at = 0
 
     def feed(self, piece: str) -> None:
+        if self._emit is None:
+            return
         self._streamed = True
         if isinstance(piece, AnswerText):
             text = str(piece)
@@ -288,10 +292,14 @@ class AnswerStream:
             self._offer(self._limits.push(text))
 
     def retry(self) -> None:
+        if self._emit is None:
+            return
         self._before = "".join(self._sent)
         self._begin()
 
     def finish(self, answer: str | None) -> None:
+        if self._emit is None:
+            return
         sent = "".join(self._sent)
         if answer is None:
             if sent:
@@ -321,10 +329,12 @@ class AnswerStream:
             self._send(text)
 
     def _send(self, text: str) -> None:
+        assert self._emit is not None
         self._sent.append(text)
         self._emit(text, False)
 
     def _restart(self, text: str) -> None:
+        assert self._emit is not None
         self._sent, self._before = [text], ""
         self._at = len(text)
         self._emit(text, True)

@@ -188,7 +188,7 @@ class Agent:
         self.budgets = budgets
         self.approve = check_policy(approve)
         self._closed = False
-        self._runs: set[asyncio.Task[AgentResult]] = set()
+        self._runs: set[_Run] = set()
 
     # -- public API -----------------------------------------------------------------------
 
@@ -268,9 +268,9 @@ class Agent:
             raise UsageError("a run that keeps nothing (keep=False) has a conversation of its "
                              "own, deleted when it ends: leave conversation_id out")
         request = ClientRequest.build(instructions, options, client_tools, output_schema, keep)
-        request.tools_with(self.tools)  # a clash with an MCP server's tool: when it is listed
-        request.model(self.llm)  # refuses what the model cannot honour, before anything runs
         if request:
+            request.tools_with(self.tools)  # a clash with an MCP server's tool: when listed
+            request.model(self.llm)  # refuses what the model cannot honour, before any run
             if settings and SETTINGS_KEY in settings:
                 raise UsageError(f"settings[{SETTINGS_KEY!r}] is the client's request: pass "
                                  "instructions=, options=, client_tools=, output_schema=")
@@ -350,9 +350,9 @@ class Agent:
         self._closed = True
         runs = list(self._runs)
         for run in runs:
-            run.cancel()
+            run.stop()
         if runs:
-            await asyncio.wait(runs)
+            await asyncio.wait([run.ended for run in runs])
         if self.toolsets:  # stops the servers this agent started
             closed = await asyncio.gather(
                 *(toolset.aclose() for toolset in self.toolsets), return_exceptions=True
@@ -384,11 +384,8 @@ class Agent:
         return result
 
     async def _collect(self, events: AsyncIterator[Event]) -> AgentResult:
-        async for _ in events:
-            pass
-        result = getattr(events, "result", None)
-        assert isinstance(result, AgentResult)
-        return result
+        assert isinstance(events, _EventStream)
+        return await events.outcome()
 
     def _drive(
         self, open_task: Callable[[str], Awaitable[tuple[State, bool]]], user_id: str,
@@ -470,7 +467,8 @@ class Agent:
                     client,
                 )
                 answer = AnswerStream(
-                    lambda text, restart: emit(ResponseDelta(task, text, restart)),
+                    None if emit is _drop
+                    else lambda text, restart: emit(ResponseDelta(task, text, restart)),
                     tools=bool(tools), stop=request.stop, max_tokens=request.max_tokens)
                 step, spent, window, problem = await self._ask(
                     llm, system, ex.messages, task, window, tools, first, emit, answer,
@@ -484,7 +482,8 @@ class Agent:
                                                    "tries")
                     break
                 state.workspace.update(step.workspace)
-                emit(Reason(task, ex.iteration, state.workspace.to_dict()))
+                if emit is not _drop:
+                    emit(Reason(task, ex.iteration, state.workspace.to_dict()))
                 if first and not step.secure:
                     state.security_assessment = (
                         step.workspace.get("understanding") or step.response or "judged unsafe"
@@ -604,8 +603,9 @@ class Agent:
         problems = [""]
 
         def token(text: str) -> None:
-            emit(Token(task, str(text)))
-            answer.feed(text)
+            if emit is not _drop:  # (no event to build when no one reads them: Agent.run)
+                emit(Token(task, str(text)))
+                answer.feed(text)
 
         def invalid(message: str) -> None:
             problems.append(message)
@@ -739,6 +739,30 @@ class _EventStream:
         if self._iterator is not None:
             await self._iterator.aclose()  # type: ignore[attr-defined]
 
+    async def outcome(self) -> AgentResult:
+        """The run to its end, its events dropped (``Agent.run``), worked in the caller's
+        own task: no task, no queue, no hand-over between them. Cancelling the caller
+        cancels the run (it is saved first, as when the stream is closed); closing the
+        agent does too, and the caller gets :class:`UsageError`."""
+        if self._iterator is not None:
+            raise UsageError("this run's events are being read: read them to the end instead")
+        caller = asyncio.current_task()
+        assert caller is not None  # (awaited: always in a task)
+        run = _Run(caller, asyncio.get_running_loop().create_future())
+        runs = self._agent._runs
+        runs.add(run)
+        try:
+            self.result = await self._work(_drop)
+        except asyncio.CancelledError:
+            if run.stopped:  # by Agent.close(), not by the caller
+                caller.uncancel()
+                raise UsageError(_CLOSED) from None
+            raise
+        finally:
+            runs.discard(run)
+            run.ended.set_result(None)
+        return self.result
+
     async def _events(self) -> AsyncIterator[Event]:
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -749,22 +773,42 @@ class _EventStream:
                 queue.put_nowait(self._DONE)
 
         task = asyncio.create_task(produce())
+        run = _Run(task, task)
         runs = self._agent._runs
-        runs.add(task)
-        task.add_done_callback(runs.discard)
+        runs.add(run)
+        task.add_done_callback(lambda _: runs.discard(run))
         try:
             while (event := await queue.get()) is not self._DONE:
                 yield event
-            if task.cancelled() and self._agent._closed:
-                raise UsageError(
-                    "the agent was closed while this run was in flight: its task was saved and "
-                    "released; resume it with a new Agent"
-                )
+            if task.cancelled() and run.stopped:
+                raise UsageError(_CLOSED)
             self.result = await task
         finally:
             if not task.done():
                 task.cancel()
                 await asyncio.wait([task])
+
+
+class _Run:
+    """A run in flight, as ``Agent.close()`` stops it: ``task`` is cancelled (the caller's
+    own, for ``Agent.run``), and ``ended`` is done once the run is saved and released."""
+
+    __slots__ = ("task", "ended", "stopped")
+
+    def __init__(self, task: asyncio.Task[Any], ended: asyncio.Future[Any]) -> None:
+        self.task, self.ended, self.stopped = task, ended, False
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.task.cancel()
+
+
+_CLOSED = ("the agent was closed while this run was in flight: its task was saved and "
+           "released; resume it with a new Agent")
+
+
+def _drop(event: Event) -> None:
+    """The events of a run no one reads (``Agent.run``)."""
 
 
 async def forget_user(

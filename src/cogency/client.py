@@ -104,6 +104,9 @@ class ClientRequest:
         keep: bool = True,
     ) -> ClientRequest:
         """The request, or a :class:`~cogency.errors.UsageError` saying what to change."""
+        if (instructions is None and options is None and tools is None
+                and output_schema is None and keep is True):
+            return cls()  # nothing asked: the agent's own way
         if not isinstance(keep, bool):
             raise UsageError("keep must be True or False")
         if instructions is not None and not isinstance(instructions, str):
@@ -198,6 +201,8 @@ class ClientRequest:
 
     def cut(self, answer: str) -> tuple[str, bool]:
         """The answer within ``stop`` and ``max_tokens``, and whether ``max_tokens`` cut it."""
+        if not self.options:
+            return answer, False  # no limit asked for
         limits = AnswerLimits(self.stop, self.max_tokens)
         limits.push(answer)
         limits.flush()
