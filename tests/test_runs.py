@@ -509,3 +509,28 @@ async def test_a_held_write_lock_is_reported_after_one_busy_timeout(db_path):
     finally:
         locker.close()
         await store.close()
+
+
+async def test_runs_one_after_another_let_the_event_loop_run_other_tasks(store):
+    """A run with a model that never waits, whose store calls all run on the loop, still
+    gives the loop a turn: other tasks (a heartbeat, learning, a checkpoint's hand-over) are
+    never starved by a caller running turn after turn."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    agent = Agent(llm=ScriptedLLM([reply("ok")] * 30), tools=[], store=store)
+    conversation = None
+    for _ in range(10):  # the file made, the window cached: from here no call waits
+        conversation = (await agent.run("hi", "u", conversation)).conversation_id
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    for _ in range(20):
+        await agent.run("hi", "u", conversation)
+    ticking.cancel()
+    assert ticks - before >= 20  # at least once a run

@@ -748,6 +748,9 @@ class _EventStream:
             raise UsageError("this run's events are being read: read them to the end instead")
         caller = asyncio.current_task()
         assert caller is not None  # (awaited: always in a task)
+        # Once per run the loop runs what is due (other tasks, the store's threads' callbacks):
+        # a caller running turn after turn with a model that never waits would starve them.
+        await asyncio.sleep(0)
         run = _Run(caller, asyncio.get_running_loop().create_future())
         runs = self._agent._runs
         runs.add(run)

@@ -274,7 +274,9 @@ class Memory:
             return
         loop = asyncio.get_running_loop()
         if self._sweeper is None or self._sweeper.done() or self._sweeper.get_loop() is not loop:
-            self._sweeper = loop.create_task(self._sweep_forever())
+            # The first sweep is pending from now: a close() that comes before the loop has
+            # run anything else still settles it.
+            self._sweeper = loop.create_task(self._sweep_forever(self._sweep_now()))
 
     def learn_soon(self, user_id: str) -> asyncio.Task[None] | None:
         """Learn the user's queued tasks in the background (one worker per user: a user
@@ -418,15 +420,19 @@ class Memory:
         task.add_done_callback(self._pending.discard)
         return task
 
-    async def _sweep_forever(self) -> None:
+    def _sweep_now(self) -> asyncio.Task[None]:
+        # Each sweep is pending learning: settle() waits for it (it may hold claims it has
+        # not handed to a worker yet).
+        sweep = asyncio.get_running_loop().create_task(self._sweep())
+        self._pending.add(sweep)
+        sweep.add_done_callback(self._pending.discard)
+        return sweep
+
+    async def _sweep_forever(self, sweep: asyncio.Task[None]) -> None:
         while True:
-            # Each sweep is pending learning: settle() waits for it (it may hold claims
-            # it has not handed to a worker yet).
-            sweep = asyncio.get_running_loop().create_task(self._sweep())
-            self._pending.add(sweep)
-            sweep.add_done_callback(self._pending.discard)
             await asyncio.wait([sweep])
             await asyncio.sleep(self.sweep_interval)
+            sweep = self._sweep_now()
 
     async def _sweep(self) -> None:
         try:
