@@ -582,7 +582,7 @@ def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
                 lines.append(
                     f"| {setting.upper()} | {count} | {f['direct']['p50']:.2f} | "
                     f"{f['direct']['p99']:.2f} | {f['http']['p50']:.2f} | {f['http']['p99']:.2f}"
-                    f" | **+{f['overhead']['p50']:.2f}** | +{f['overhead']['p99']:.2f} | "
+                    f" | **{f['overhead']['p50']:+.2f}** | {f['overhead']['p99']:+.2f} | "
                     f"{f['http']['n']} |")
         lines.append("")
     return "\n".join(lines)
@@ -790,7 +790,7 @@ python -m bench.instructions --case served            # per served request, app 
 `strace` counts the fsyncs (`apt-get install strace`; without it that row is left out).
 Times on a shared machine drift by up to 25% between runs; `bench.instructions` counts the
 instructions of a durable turn with valgrind (`apt-get install valgrind`), which do not
-drift (four runs: 2.973 to 2.976 M per turn), for an A/B of two checkouts (another one's
+drift (three runs on one machine: 2.703 to 2.704 M per turn), for an A/B of two checkouts (another one's
 `src`, e.g. from `git worktree add`).
 `--quick` runs every case briefly, a framework's cases in one process per setting and a
 100-turn long conversation: a smoke run, not the published figures (the database-size and

@@ -8,7 +8,7 @@ under valgrind's callgrind, once with ``--warmup`` conversations and once with
 ``--conversations`` more, and reports the difference per turn: start-up, imports and the first
 conversations (where the exact encoding loads) cancel out. With ``--against SRC`` (another
 checkout's ``src``), the same there, and the change. Hash seeds are fixed
-(``PYTHONHASHSEED=0``): four runs of the default set-up gave 2.973 to 2.976 M per turn, and
+(``PYTHONHASHSEED=0``): three runs of the default set-up gave 2.703 to 2.704 M per turn, and
 its test holds a checkout measured against itself to within 1%.
 
 ``--case served`` counts a ``POST /api/runs`` instead, answered by ``cogency serve``'s app in
