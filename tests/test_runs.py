@@ -166,13 +166,22 @@ async def test_closing_the_agent_settles_a_run_in_flight(store, db):
 
     agent = Agent(llm=ScriptedLLM([reply(actions=[call("wait_long")], understanding="waiting")]),
                   tools=[wait_long], store=store)
-    run = asyncio.create_task(agent.run("wait", user_id="u"))
+
+    async def caller() -> None:
+        # Agent.run works in its caller's own task: closing the agent cancels that task to
+        # stop the run, and takes the cancellation back as it raises, so the caller goes on.
+        with pytest.raises(UsageError, match="closed while this run was in flight"):
+            await agent.run("wait", user_id="u")
+        me = asyncio.current_task()
+        assert me is not None and me.cancelling() == 0
+        with pytest.raises(TimeoutError):  # a time-out of its own still times out
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(1)
+
+    run = asyncio.create_task(caller())
     await asyncio.wait_for(started.wait(), 10)
     await asyncio.wait_for(agent.close(), 10)
-
-    assert run.done()
-    with pytest.raises(UsageError, match="closed while this run was in flight"):
-        await run
+    await asyncio.wait_for(run, 10)
     [(task_id, runner, data)] = db.execute(
         "SELECT task_id, runner, workspace_data FROM task_workspaces").fetchall()
     assert runner is None and json.loads(data)["understanding"] == "waiting"
@@ -183,42 +192,6 @@ async def test_closing_the_agent_settles_a_run_in_flight(store, db):
     resumed = await Agent(llm=ScriptedLLM([reply("Done.")]), tools=[wait_long],
                           store=store).resume(task_id, "u")
     assert resumed.stop_reason == "completed"
-
-
-async def test_a_run_stopped_by_close_leaves_its_callers_task_uncancelled(store, db):
-    """Agent.run works in its caller's own task: closing the agent cancels that task to stop
-    the run, and takes the cancellation back when it raises UsageError, so the caller goes on
-    (its own timeouts still work) and the run is saved and released as before."""
-    started = asyncio.Event()
-
-    @tool
-    async def wait_long() -> str:
-        """Take a long time."""
-        started.set()
-        await asyncio.sleep(60)
-        return "late"
-
-    agent = Agent(llm=ScriptedLLM([reply(actions=[call("wait_long")], understanding="waiting")]),
-                  tools=[wait_long], store=store)
-
-    async def caller() -> str:
-        try:
-            await agent.run("wait", user_id="u")
-        except UsageError as exc:
-            said = str(exc)
-        me = asyncio.current_task()
-        assert me is not None and me.cancelling() == 0  # the close's cancellation taken back
-        with pytest.raises(TimeoutError):  # a timeout of its own still times out
-            async with asyncio.timeout(0.01):
-                await asyncio.sleep(1)
-        return said
-
-    running = asyncio.create_task(caller())
-    await asyncio.wait_for(started.wait(), 10)
-    await asyncio.wait_for(agent.close(), 10)
-    assert "closed while this run was in flight" in await asyncio.wait_for(running, 10)
-    [(runner, data)] = db.execute("SELECT runner, workspace_data FROM task_workspaces").fetchall()
-    assert runner is None and json.loads(data)["understanding"] == "waiting"
 
 
 # -- 12: leases expire, and a dead runner's task can be released ----------------------------
