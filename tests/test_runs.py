@@ -194,6 +194,22 @@ async def test_closing_the_agent_settles_a_run_in_flight(store, db):
     assert resumed.stop_reason == "completed"
 
 
+async def test_a_run_whose_agent_closes_before_it_begins_stores_nothing(store, db):
+    """Agent.run gives the loop a turn before it begins: an Agent.close() in that turn
+    stops it there, with UsageError, and nothing of it reaches the database."""
+    agent = Agent(llm=ScriptedLLM([reply("first"), reply("never")]), store=store)
+    await agent.run("first", user_id="u")
+    run = asyncio.create_task(agent.run("hello", user_id="u"))
+    await asyncio.sleep(0)  # the run is past its checks, at its turn for the loop
+    await agent.close()
+    with pytest.raises(UsageError, match="closed before this run began"):
+        await run
+    assert db.execute("SELECT count(*) FROM task_workspaces").fetchone() == (0,)
+    assert [content for (content,) in db.execute(
+        "SELECT content FROM conversation_messages ORDER BY conversation_id, seq")] == [
+        "first", "first"]  # the first run's query and answer only
+
+
 # -- 12: leases expire, and a dead runner's task can be released ----------------------------
 
 _HANGING_RUNNER = """

@@ -744,13 +744,14 @@ class _EventStream:
         own task: no task, no queue, no hand-over between them. Cancelling the caller
         cancels the run (it is saved first, as when the stream is closed); closing the
         agent does too, and the caller gets :class:`UsageError`."""
-        if self._iterator is not None:
-            raise UsageError("this run's events are being read: read them to the end instead")
         caller = asyncio.current_task()
         assert caller is not None  # (awaited: always in a task)
         # Once per run the loop runs what is due (other tasks, the store's threads' callbacks):
         # a caller running turn after turn with a model that never waits would starve them.
         await asyncio.sleep(0)
+        if self._agent._closed:  # closed meanwhile: this run never began
+            raise UsageError("the agent was closed before this run began: nothing of it was "
+                             "stored; run it with a new Agent")
         run = _Run(caller, asyncio.get_running_loop().create_future())
         runs = self._agent._runs
         runs.add(run)
