@@ -10,7 +10,9 @@ thread hop to the store's worker, Python around every statement).
 
 The replay is checked to be the same work: sqlite3's trace callback, on the recording
 connection and on an untimed replay, sees the same statements with the same values, in the
-same order (a statement the recording missed would show there). Two replays: parameterized,
+same order (a statement the recording missed would show there). The store's own flushes of
+the log (``os.fdatasync``, at ``synchronous="full"``) are recorded where they fell among the
+statements, and replayed as a flush of the replay's log. Two replays: parameterized,
 as the store sends them (the floor: the statements are parsed once and cached, as the
 store's are), and literal, the traced SQL text itself (each statement parsed again).
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sqlite3
 import statistics
 import sys
@@ -35,8 +38,9 @@ from typing import Any
 from bench.peers import cogency as adapter
 from bench.peers._harness import SESSION_ID, USER_ID, Script, answer_text, user_text
 
-Statement = tuple[str, str, Any, int]  # ("one" | "many", sql, parameters, connection)
+Statement = tuple[str, str, Any, int]  # ("one" | "many" | "flush", sql, parameters, connection)
 Trace = tuple[int, str]  # (connection, the SQL as sqlite3's trace callback saw it)
+FLUSH: Trace = (-1, "fdatasync")  # the store flushed its log (no connection's statement)
 
 
 class _Recording(sqlite3.Connection):
@@ -75,11 +79,20 @@ def recording(log: list[Statement], traces: list[Trace]) -> Iterator[None]:
         connection.set_trace_callback(lambda sql: traces.append((number, sql)))
         return connection
 
+    real_flush = os.fdatasync
+
+    def flush(fd: int) -> None:
+        log.append(("flush", "", None, FLUSH[0]))
+        traces.append(FLUSH)
+        real_flush(fd)
+
     sqlite3.connect = connect  # type: ignore[assignment]
+    os.fdatasync = flush
     try:
         yield
     finally:
         sqlite3.connect = real  # type: ignore[assignment]
+        os.fdatasync = real_flush
 
 
 async def capture(path: Path, turns: int, synchronous: str
@@ -117,6 +130,15 @@ class Replay:
     def __init__(self, path: Path, trace: Any = None) -> None:
         self.path, self.trace = path, trace
         self.connections: dict[int, sqlite3.Connection] = {}
+        self.log: int | None = None  # the replay's write-ahead log, open to flush it
+
+    def flush(self) -> None:
+        """What the store's flush does: ``fdatasync`` of the write-ahead log."""
+        if self.log is None:
+            self.log = os.open(f"{self.path}-wal", os.O_RDONLY)
+        os.fdatasync(self.log)
+        if self.trace is not None:
+            self.trace(FLUSH)
 
     def __getitem__(self, number: int) -> sqlite3.Connection:
         db = self.connections.get(number)
@@ -132,6 +154,8 @@ class Replay:
         return db
 
     def close(self) -> None:
+        if self.log is not None:
+            os.close(self.log)
         for db in reversed(self.connections.values()):
             db.close()
 
@@ -146,8 +170,10 @@ def run(replay: Replay, statements: list[Statement]) -> None:
     for kind, sql, parameters, number in statements:
         if kind == "one":
             replay[number].execute(sql, parameters).fetchall()
-        else:
+        elif kind == "many":
             replay[number].executemany(sql, parameters)
+        else:
+            replay.flush()
 
 
 async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]:
@@ -193,7 +219,10 @@ async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]
                 cpu["replay"].append(time.process_time() - began_cpu)
                 began, began_cpu = time.perf_counter(), time.process_time()
                 for number, text in texts:  # as sqlite3's trace callback saw it: literal
-                    literal[number].execute(text).fetchall()
+                    if (number, text) == FLUSH:
+                        literal.flush()
+                    else:
+                        literal[number].execute(text).fetchall()
                 wall["literal"].append(time.perf_counter() - began)
                 cpu["literal"].append(time.process_time() - began_cpu)
             seen = await session.synchronous()
@@ -203,7 +232,7 @@ async def measure(turns: int, synchronous: str, skip: int = 2) -> dict[str, Any]
             literal.close()
         assert seen == {{"normal": 1, "full": 2}[synchronous]}, seen
     statements_per_turn = statistics.median(
-        sum(len(p) if k == "many" else 1 for k, _, p, _ in s) for s in per_turn)
+        sum(len(p) if k == "many" else k == "one" for k, _, p, _ in s) for s in per_turn)
     med = {key: {way: statistics.median(values[skip:]) for way, values in figures.items()}
            for key, figures in (("wall", wall), ("cpu", cpu))}
     return {

@@ -103,7 +103,7 @@ async def concurrent(store: SQLiteStore, turns: int, runs: int = 5) -> None:
         free = threading.Event()
         store._hand(lambda db: free.wait(30))
         gate.set()
-        while len(store._group or ()) < runs:
+        while store._handed - store._finished < runs + 1:  # the hold, and each completion
             await asyncio.sleep(0.001)
         free.set()
         for run in await asyncio.gather(*started):

@@ -1,20 +1,25 @@
-"""At ``synchronous="full"``, flushing writes that wait for the store's worker together share
-one transaction and one disk flush (``SQLiteStore._join``): concurrent completions no longer
-queue for a flush each. Each write keeps its own outcome: one that fails is rolled back alone
-and raises to its own caller; each caller hears only once the flush is over.
+"""At ``synchronous="full"``, a write that records an outcome is committed without a flush
+and its caller told once a flush of the log, on the store's worker thread, made it durable
+(``SQLiteStore._owe_flush``): the event loop never waits on the disk, and commits that owe a
+flush while one waits to begin share it. Each write keeps its own outcome: one that fails
+raises to its own caller alone.
 
-To make "together" certain rather than likely, these tests hold the worker with a job that
-waits on an event while the writes are handed (the store's private ``_hand``), and count the
-commits on the store's own connection. tests/test_sqlite_flushes.py counts the flushes
-themselves with strace."""
+These tests count and hold the store's own flushes in this process: the store calls
+``os.fdatasync`` for them (SQLite's own, for checkpoints, are C calls this does not see).
+To make "together" certain rather than likely, some hold the worker with a job that waits on
+an event while the writes are handed (the store's private ``_hand``).
+tests/test_sqlite_flushes.py counts every flush of the process with strace."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import sqlite3
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,39 +40,66 @@ def rows(path: str, sql: str, *params: object) -> list[tuple]:
         connection.close()
 
 
+class Flushes:
+    """``os.fdatasync`` counted, with the thread each ran on; ``hold()`` makes the next ones
+    wait until ``release()``; ``fail()`` makes the next one fail as a disk would."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.real = os.fdatasync
+        self.threads: list[str] = []
+        self.files: list[str] = []
+        self.entered = threading.Event()
+        self.free = threading.Event()
+        self.free.set()
+        self.failing = False
+        monkeypatch.setattr(os, "fdatasync", self)
+
+    def __call__(self, fd: int) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.files.append(os.readlink(f"/proc/self/fd/{fd}"))
+        self.entered.set()
+        assert self.free.wait(30)
+        if self.failing:
+            self.failing = False
+            raise OSError(errno.EIO, "Input/output error")
+        self.real(fd)
+
+    def hold(self) -> None:
+        self.entered.clear()
+        self.free.clear()
+
+    def release(self) -> None:
+        self.free.set()
+
+    def fail(self) -> None:
+        self.failing = True
+
+
 class _Worker:
-    """Holds the store's worker thread until released; counts commits on its connection."""
+    """Holds the store's worker thread until released."""
 
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
         self.free = threading.Event()
-        self.commits = 0
-
-    async def watch(self) -> None:
-        def count(sql: str) -> None:
-            if sql == "COMMIT":
-                self.commits += 1
-
-        await self.store._run(lambda db: db.set_trace_callback(count))
 
     def hold(self) -> None:
         self.store._hand(lambda db: self.free.wait(30))
 
-    async def release_when_grouped(self, writes: int) -> None:
-        """Release the worker once ``writes`` writes wait for it in one group."""
+    async def release_when_waiting(self, writes: int) -> None:
+        """Release the worker once ``writes`` writes were handed to it behind the hold."""
         for _ in range(3000):
-            if len(self.store._group or ()) >= writes:
+            if self.store._handed - self.store._finished >= writes + 1:
                 break
             await asyncio.sleep(0.001)
-        assert len(self.store._group or ()) == writes
-        self.commits = 0
+        assert self.store._handed - self.store._finished == writes + 1
         self.free.set()
 
 
-async def test_concurrent_completions_share_one_commit_and_each_is_stored(tmp_path: Path):
+async def test_concurrent_completions_share_one_flush_and_each_is_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    flushes = Flushes(monkeypatch)
     store = SQLiteStore(tmp_path / "group.db", synchronous="full")
     worker = _Worker(store)
-    await worker.watch()
     arrived, gate = asyncio.Event(), asyncio.Event()
     waiting = 0
 
@@ -82,12 +114,15 @@ async def test_concurrent_completions_share_one_commit_and_each_is_stored(tmp_pa
     agent = Agent(ScriptedLLM([answer] * RUNS), store=store)
     runs = [asyncio.create_task(agent.run(f"question {n}", f"user{n}")) for n in range(RUNS)]
     await asyncio.wait_for(arrived.wait(), 30)  # every task begun, every model call waiting
+    before = len(flushes.threads)
     worker.hold()
     gate.set()
-    await worker.release_when_grouped(RUNS)
+    await worker.release_when_waiting(RUNS)
     results = await asyncio.gather(*runs)
 
-    assert worker.commits == 1  # five completions, one transaction (one flush)
+    assert len(flushes.threads) - before == 1  # five completions, one flush
+    assert flushes.files[-1] == str(tmp_path / "group.db") + "-wal"  # the log, made durable
+    assert set(flushes.threads) == {"cogency-sqlite"}  # never the event loop's thread
     for n, result in enumerate(results):
         assert result.response == f"answer to question {n}"
         assert rows(store.path, "SELECT role, content FROM conversation_messages WHERE "
@@ -95,6 +130,68 @@ async def test_concurrent_completions_share_one_commit_and_each_is_stored(tmp_pa
             ("user", f"question {n}"), ("assistant", f"answer to question {n}")]
     assert rows(store.path, "SELECT COUNT(*) FROM task_workspaces") == [(0,)]
     assert rows(store.path, "SELECT SUM(message_count) FROM conversations") == [(2 * RUNS,)]
+    await agent.close()
+    await store.close()
+
+
+async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    flushes = Flushes(monkeypatch)
+    store = SQLiteStore(tmp_path / "held.db", synchronous="full")
+    agent = Agent(ScriptedLLM([{"response": "first"}, {"response": "second"}]), store=store)
+    first = await agent.run("one", "ann")
+    flushes.hold()
+    run = asyncio.create_task(agent.run("two", "ann", first.conversation_id))
+    for _ in range(3000):  # the completion committed, its flush begun
+        if flushes.entered.is_set():
+            break
+        await asyncio.sleep(0.001)
+    assert flushes.entered.is_set()
+    ticks = 0
+    for _ in range(20):  # the loop goes on meanwhile: the flush waits on the worker thread
+        await asyncio.sleep(0.001)
+        ticks += 1
+    assert ticks == 20 and not run.done()
+    # Committed, not yet told: another connection reads the answer already.
+    assert rows(store.path, "SELECT content FROM conversation_messages WHERE conversation_id "
+                "= ? ORDER BY seq", first.conversation_id)[-1] == ("second",)
+    flushes.release()
+    assert (await asyncio.wait_for(run, 30)).response == "second"
+    assert flushes.threads and set(flushes.threads) == {"cogency-sqlite"}
+    await agent.close()
+    await store.close()
+
+
+async def test_a_failed_flush_is_told_to_its_caller_and_the_next_turn_flushes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    flushes = Flushes(monkeypatch)
+    store = SQLiteStore(tmp_path / "failing.db", synchronous="full")
+    agent = Agent(ScriptedLLM([{"response": "first"}, {"response": "second"},
+                               {"response": "third"}]), store=store)
+    first = await agent.run("one", "ann")
+    flushes.fail()
+    with pytest.raises(StorageError, match="flushing the database .* failed .*power loss"):
+        await agent.run("two", "ann", first.conversation_id)
+    # Nothing is lost: the answer was written, and the conversation goes on.
+    third = await agent.run("three", "ann", first.conversation_id)
+    assert third.response == "third"
+    assert [content for (content,) in rows(
+        store.path, "SELECT content FROM conversation_messages WHERE conversation_id = ? "
+        "ORDER BY seq", first.conversation_id)] == ["one", "first", "two", "second", "three",
+                                                    "third"]
+    assert len(flushes.threads) == 3
+    await agent.close()
+    await store.close()
+
+
+async def test_normal_durability_never_flushes_a_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    flushes = Flushes(monkeypatch)
+    store = SQLiteStore(tmp_path / "normal.db")
+    agent = Agent(ScriptedLLM([{"response": "ok"}] * 3), store=store)
+    for _ in range(3):
+        await agent.run("hello", "ann")
+    assert flushes.threads == []
     await agent.close()
     await store.close()
 
@@ -111,19 +208,20 @@ def _completion(task: TaskRecord, text: str, version: int = 1) -> SaveBatch:
                      complete=True)
 
 
-async def test_a_write_that_fails_in_a_group_is_rolled_back_alone(tmp_path: Path):
+async def test_a_write_that_fails_among_others_fails_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    flushes = Flushes(monkeypatch)
     store = SQLiteStore(tmp_path / "group.db", synchronous="full")
     first, stale, last = [await _begun(store, user) for user in ("ann", "bob", "cy")]
     worker = _Worker(store)
-    await worker.watch()
     worker.hold()
     saves = [asyncio.create_task(store.save(_completion(first, "one"))),
              asyncio.create_task(store.save(_completion(stale, "two", version=7))),
              asyncio.create_task(store.save(_completion(last, "three")))]
-    await worker.release_when_grouped(3)
-    outcomes = await asyncio.gather(*saves, return_exceptions=True)
+    await worker.release_when_waiting(3)
+    outcomes: list[Any] = await asyncio.gather(*saves, return_exceptions=True)
 
-    assert worker.commits == 1
+    assert len(flushes.threads) == 1
     assert outcomes[0] == 1 and outcomes[2] == 1
     assert isinstance(outcomes[1], ConflictError)
     stored = rows(store.path, "SELECT conversation_id, content FROM conversation_messages "
@@ -146,7 +244,7 @@ async def test_a_caller_that_stops_waiting_does_not_stop_the_others(tmp_path: Pa
     gone = asyncio.create_task(store.save(_completion(tasks[0], "gone")))
     kept = asyncio.create_task(store.save(_completion(tasks[1], "kept")))
     for _ in range(3000):
-        if len(store._group or ()) == 2:
+        if store._handed - store._finished == 3:
             break
         await asyncio.sleep(0.001)
     gone.cancel()
@@ -160,10 +258,65 @@ async def test_a_caller_that_stops_waiting_does_not_stop_the_others(tmp_path: Pa
     await store.close()
 
 
-async def test_a_group_whose_connection_cannot_open_tells_its_callers(tmp_path: Path):
-    # The first call of this store is a flushing write: the group's job fails before it
-    # could tell anyone, and its caller hears why instead of waiting for ever.
+async def test_a_flushing_write_whose_connection_cannot_open_tells_its_caller(tmp_path: Path):
+    # The first call of this store is a flushing write: its job fails before it could
+    # commit, and its caller hears why instead of waiting for ever.
     store = SQLiteStore(tmp_path / "missing" / "dir" / "x.db", synchronous="full")
     with pytest.raises(StorageError, match="missing"):
         await asyncio.wait_for(store.update_profile("ann", lambda profile: None), 30)
+    await store.close()
+
+
+async def test_closing_the_store_flushes_what_is_owed_before_the_connection_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A completion committed on the worker as the store closes: its flush is handed after
+    # the close's, and would find the log gone with the connection.
+    flushes = Flushes(monkeypatch)
+    began = SQLiteStore(tmp_path / "closing.db", synchronous="full")
+    task = await _begun(began, "ann")  # (begun elsewhere: this store holds nothing to let go)
+    await began.close()
+    store = SQLiteStore(tmp_path / "closing.db", synchronous="full")
+    committed, go = threading.Event(), threading.Event()
+    note = store._windows.note
+
+    def noted(*args: Any) -> None:  # run on the worker once the completion is committed
+        committed.set()
+        assert go.wait(30)
+        note(*args)
+
+    monkeypatch.setattr(store._windows, "note", noted)
+    worker = _Worker(store)
+    worker.hold()  # so that the completion is committed on the worker
+    save = asyncio.create_task(store.save(_completion(task, "last words")))
+    await worker.release_when_waiting(1)
+    for _ in range(3000):
+        if committed.is_set():
+            break
+        await asyncio.sleep(0.001)
+    closing = asyncio.create_task(store.close())
+    for _ in range(3000):  # the close's job queued behind the completion's
+        if store._closed:
+            break
+        await asyncio.sleep(0.001)
+    go.set()
+    await closing
+    assert await save == 1  # told, with no error
+    assert flushes.files == [str(tmp_path / "closing.db") + "-wal"]
+    assert rows(str(tmp_path / "closing.db"), "SELECT content FROM conversation_messages "
+                "WHERE role = 'assistant'") == [("last words",)]
+
+
+async def test_a_store_opened_through_a_symbolic_link_flushes_the_log_sqlite_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # SQLite keeps the log beside the file the link names, not beside the link.
+    flushes = Flushes(monkeypatch)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "agent.db").symlink_to(tmp_path / "real" / "agent.db")
+    store = SQLiteStore(tmp_path / "links" / "agent.db", synchronous="full")
+    agent = Agent(ScriptedLLM([{"response": "ok"}, {"response": "again"}]), store=store)
+    first = await agent.run("hello", "ann")
+    assert (await agent.run("more", "ann", first.conversation_id)).response == "again"
+    assert flushes.files == [str(tmp_path / "real" / "agent.db") + "-wal"] * 2
+    await agent.close()
     await store.close()

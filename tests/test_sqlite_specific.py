@@ -75,33 +75,49 @@ async def test_connection_uses_wal_foreign_keys_and_a_busy_timeout(db_path):
     }
 
 
-async def test_durability_is_the_callers_choice_and_reaches_the_connection(tmp_path):
+async def test_durability_is_the_callers_choice_and_reaches_the_connection(tmp_path, monkeypatch):
     """synchronous="normal" (the default) or "full", from the constructor, open_store's
-    option or the URL, is the PRAGMA of the connection the agent's turns are written on."""
+    option or the URL, is what the agent's turns are written with: at "full" the store
+    flushes the write-ahead log itself (``os.fdatasync``, counted here) before a turn's answer
+    is told, the connection committing without SQLite's flush (NORMAL); at "normal" nothing
+    is flushed."""
     from cogency import Agent
     from cogency.testing import ScriptedLLM
 
-    normal, full = 1, 2  # what PRAGMA synchronous reads back
+    flushed: list[str] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    normal = 1  # what PRAGMA synchronous reads back, at either setting
     made = {
-        "default": (SQLiteStore(tmp_path / "a.db"), normal),
-        "constructor": (SQLiteStore(tmp_path / "b.db", synchronous="full"), full),
-        "option": (open_store(tmp_path / "c.db", synchronous="FULL"), full),
-        "url": (open_store(f"sqlite:///{tmp_path}/d.db?synchronous=full"), full),
-        "url normal": (open_store(f"sqlite:///{tmp_path}/e.db?synchronous=normal"), normal),
+        "default": (SQLiteStore(tmp_path / "a.db"), "normal"),
+        "constructor": (SQLiteStore(tmp_path / "b.db", synchronous="full"), "full"),
+        "option": (open_store(tmp_path / "c.db", synchronous="FULL"), "full"),
+        "url": (open_store(f"sqlite:///{tmp_path}/d.db?synchronous=full"), "full"),
+        "url normal": (open_store(f"sqlite:///{tmp_path}/e.db?synchronous=normal"), "normal"),
     }
     for name, (store, expected) in made.items():
         try:
+            assert isinstance(store, SQLiteStore) and store.synchronous == expected, name
+            flushed.clear()
             async with Agent(ScriptedLLM([{"response": "hi"}]), store=store) as agent:
                 assert (await agent.run("hello", "alice")).response == "hi"
-            assert await on_store_connection(store, "PRAGMA synchronous") == [(expected,)], name
+                log = store.path + "-wal"
+                assert flushed == ([log] if expected == "full" else []), name
+            assert await on_store_connection(store, "PRAGMA synchronous") == [(normal,)], name
         finally:
             await store.close()
     # An agent opening the store itself from a URL.
     url = f"sqlite:///{tmp_path}/f.db?synchronous=full"
     agent = Agent(ScriptedLLM([{"response": "hi"}]), store=url)
     try:
+        flushed.clear()
         await agent.run("hello", "alice")
-        assert await on_store_connection(agent.store, "PRAGMA synchronous") == [(full,)]
+        assert flushed == [str(tmp_path / "f.db") + "-wal"]
     finally:
         await agent.close()
     assert rows(tmp_path / "f.db", "SELECT count(*) FROM conversation_messages") == [(2,)]

@@ -541,17 +541,22 @@ class SQLiteStore:
     What ``"full"`` flushes, and why that is every commit's promise: a commit that records
     what a caller is told happened (a step's save, a task's completion or pause, approvals
     decided or started, a served request's outcome, a profile change, an import, a deletion)
-    flushes the write-ahead log before it returns. A commit that only *prepares* a turn
+    is flushed to the disk before its call returns. A commit that only *prepares* a turn
     (beginning a task, claiming or releasing a task or a conversation, renewing their leases,
     claiming an idempotency key or noting the task it started) is written to the log without
     a flush. The log is one file appended in order, so a flush makes every commit before it
     durable too; a power loss can only take a suffix of the log, so the file comes back as it
     was at some moment after the last flushed commit returned: a turn that had begun and not
     yet answered may be gone, as if it had never started (a crash of the process loses
-    nothing either way). A one-step turn is thus one disk flush: its completion. Flushing
-    commits that wait for the worker together (completions of concurrent runs) are made one
-    transaction with one flush, each in a savepoint of its own, and each caller hears its own
-    outcome once that flush is over.
+    nothing either way). A one-step turn is thus one disk flush: its completion.
+
+    How: every commit is written to the log without a flush, wherever it runs (on the loop
+    when it may, as at ``"normal"``); the caller of one that records an outcome is told once
+    a flush of the log (``fdatasync``), on the worker thread, began after it was written.
+    Commits that owe a flush while one waits to begin share it (completions of concurrent
+    runs: one flush), and each caller hears its own outcome. A flush that fails tells its
+    callers so (``StorageError``): their commits are stored, and may not survive a power
+    loss. Other readers of the file may see such a commit before it is flushed.
     """
 
     def __init__(
@@ -579,17 +584,20 @@ class SQLiteStore:
         self.lease = lease
         self._leases = Leases(lease, self._renew)
         self._db: sqlite3.Connection | None = None
-        self._flushing = self.synchronous == "full"
-        """Whether the connection's ``PRAGMA synchronous`` is FULL now (see ``_write``)."""
         self._worker: _Worker | None = None
         self._lock = threading.Lock()
         """Held by whoever uses the connection: the worker thread, or a call on the loop."""
         self._handed = self._finished = 0  # the last job handed to the worker, the last done
         self._waits = True  # whether the connection's busy timeout is on (see _run)
         self._on_commit: list[Callable[[], None]] = []  # run once the transaction commits
-        self._group: list[_Member] | None = None
-        """Flushing writes handed to the worker, waiting there to share a flush (``_join``)."""
-        self._grouping = threading.Lock()  # the loop adds to a group, the worker closes it
+        self._commits = 0  # transactions committed on the connection (see _owe_flush)
+        self._flushed = 0  # of them, those a flush of the log is known to have made durable
+        self._flushing_upto = -1  # what the flush in flight covers (-1: none in flight)
+        self._flush_handed = False  # a flush handed to the worker that has not begun
+        self._owed: list[tuple[int, asyncio.Future[Any], Any]] = []  # callers told once flushed
+        self._flush_lock = threading.Lock()  # the loop and the worker both owe and flush
+        self._wal = True  # whether the connection's journal is the write-ahead log
+        self._flush_fd: int | None = None  # the file a flush makes durable, open for that
         self._wrote = False  # a commit since the log's size was last looked at
         self._checkpointing: asyncio.Future[None] | None = None
         self._log = (None if self.path == ":memory:"  # the write-ahead log _connect's file has
@@ -641,11 +649,15 @@ class SQLiteStore:
             )
             db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             db.execute("PRAGMA foreign_keys = ON")
-            db.execute("PRAGMA journal_mode = WAL")
+            self._wal = db.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal"
+            if self._wal:  # where SQLite keeps it: beside the file a symbolic link names
+                self._log = db.execute("PRAGMA database_list").fetchone()[2] + "-wal"
             db.execute("PRAGMA wal_autocheckpoint = 0")  # the worker checkpoints (see _run)
             db.execute(f"PRAGMA journal_size_limit = {LOG_FILE_LIMIT}")
-            db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-            self._flushing = self.synchronous == "full"
+            # At "full" the store flushes the log itself, after the commit and off the event
+            # loop (_owe_flush); SQLite flushes only what it must at any setting: checkpoints,
+            # the log's header when it starts over. (Without a log, SQLite flushes its own.)
+            db.execute(f"PRAGMA synchronous = {'NORMAL' if self._wal else self.synchronous}")
             # What _append's UPDATE chains the turns digest with (only this connection writes
             # through it; nothing in the schema names it, so other connections need not).
             db.create_function(CHAIN_TURNS, 2, _chain_turns, deterministic=True)
@@ -701,25 +713,33 @@ class SQLiteStore:
         return db
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T:
-        """``fn`` on the worker thread; ``inline=True`` (a call that flushes nothing and
-        carries little text) runs it here on the event loop instead when nothing is queued
-        for the worker, with the busy timeout off: a lock held by another connection sends it
-        to the worker, to wait there as any call does. The loop never waits on a lock."""
+        """``fn`` on the worker thread; ``inline=True`` (a call that carries little text)
+        runs it here on the event loop instead when nothing is queued for the worker, with
+        the busy timeout off: a lock held by another connection sends it to the worker, to
+        wait there as any call does. The loop never waits on a lock, nor on the disk: a
+        write that must be flushed (``_Flushing``) is told its outcome once a flush on the
+        worker made it durable (``_owe_flush``)."""
         if (inline and self._db is not None and self._finished == self._handed
                 and self._lock.acquire(blocking=False)):
+            ran = False
             try:
                 result = self._call(fn, waits=False)
-            except _Busy:
-                pass
-            else:
+                ran, commits = True, self._commits
                 if self._wrote and self._log_is_full() and self._checkpointing is None:
                     self._checkpointing = self._hand(lambda db: None, checkpoint=True)
                     self._checkpointing.add_done_callback(self._checkpointed)
-                return result
+            except _Busy:
+                pass
             finally:
                 self._lock.release()
+            if ran:
+                if not isinstance(fn, _Flushing):
+                    return result
+                told: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+                self._owe_flush(commits, told, result)
+                return await told
         if isinstance(fn, _Flushing):
-            return await self._join(fn)
+            return await self._hand_flushing(fn)
         return await self._hand(fn)
 
     def _hand(self, fn: Callable[[sqlite3.Connection], T], *, checkpoint: bool = False
@@ -753,6 +773,71 @@ class SQLiteStore:
                     self._finished = ticket  # the worker runs jobs in order: all before too
 
         return job
+
+    def _hand_flushing(self, write: _Flushing[T]) -> asyncio.Future[T]:
+        """``write`` committed on the worker thread, its caller told once a flush made it
+        durable (``_owe_flush``): no event loop is woken between the commit and the flush."""
+        told: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        job = self._job(write)
+
+        def run() -> None:
+            try:
+                result = job()
+            except BaseException as exc:  # noqa: BLE001 - its caller's
+                _settle_soon(told, None, exc)
+                return
+            self._owe_flush(self._commits, told, result)
+
+        self._started().post(run)
+        return told
+
+    def _owe_flush(self, commits: int, told: asyncio.Future[T], result: T) -> None:
+        """From the loop or the worker: ``told`` gets ``result`` once a flush of the log
+        began after the first ``commits`` commits were written, and so made them durable
+        (the log is one file written in order). A flush handed to the worker that has not
+        begun covers every commit made before it begins, so commits that owe one while it
+        waits share it; one is handed only if none such is waiting and the one in flight
+        (if any) began too early."""
+        with self._flush_lock:
+            if self._flushed >= commits:
+                _settle_soon(told, result, None)
+                return
+            self._owed.append((commits, told, result))
+            if self._flush_handed or self._flushing_upto >= commits:
+                return
+            self._flush_handed = True
+        self._started().post(self._flush_log)
+
+    def _flush_log(self) -> None:
+        """On the worker: flush the log (the database file, if the journal is not the log)
+        to the disk, and tell the callers whose commits that made durable; if the flush
+        fails, they hear why (their commits were written, and may not survive a power
+        loss)."""
+        with self._flush_lock:
+            self._flush_handed = False
+            if not self._owed:  # (closing flushed them: _close_db)
+                return
+            upto = self._flushing_upto = self._commits
+        error: BaseException | None = None
+        try:
+            if self._flush_fd is None:
+                target = self._log if self._wal and self._log is not None else self.path
+                self._flush_fd = os.open(str(Path(target).expanduser()), os.O_RDONLY)
+            getattr(os, "fdatasync", os.fsync)(self._flush_fd)
+        except OSError as exc:
+            error = StorageError(
+                f"flushing the database {self.path!r} to the disk failed ({exc}): what was "
+                "just written is stored but may not survive a power loss; check the disk"
+            )
+            error.__cause__ = exc
+        with self._flush_lock:
+            self._flushing_upto = -1
+            if error is None:
+                self._flushed = max(self._flushed, upto)
+            done = [owed for owed in self._owed if owed[0] <= upto]
+            self._owed = [owed for owed in self._owed if owed[0] > upto]
+        for _, told, result in done:
+            _settle_soon(told, None if error else result, error)
 
     def _checkpoint_after(self) -> None:
         """On the worker, after a call that filled the log: a checkpoint whose failure (a
@@ -838,11 +923,17 @@ class SQLiteStore:
             self._copier_db = None
 
     def _close_db(self) -> None:
-        """Close the connection (and the ``-shm`` file ``_log_state`` reads); ``_lock`` held
-        or nothing else running."""
+        """Close the connection (and the ``-shm`` file ``_log_state`` reads, and the file
+        ``_flush_log`` flushes, once it flushed what is owed); ``_lock`` held or nothing else
+        running."""
+        if self._owed:  # a flush handed after this is over: closing must not outrun it
+            self._flush_log()
         if self._index is not None:
             os.close(self._index)
             self._index = None
+        if self._flush_fd is not None:
+            os.close(self._flush_fd)
+            self._flush_fd = None
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -891,17 +982,13 @@ class SQLiteStore:
         instead of waiting up to the busy timeout (for what can be skipped or done later).
 
         ``flush=False`` marks a transaction that only prepares a turn: with
-        ``synchronous="full"`` it commits without flushing the log, and the next flushing
-        commit makes it durable with its own (the rule: the class docstring)."""
+        ``synchronous="full"`` its caller is told once it is committed, and the next flush
+        makes it durable with what follows it; any other is told once a flush made it
+        durable (``_owe_flush``; the rule: the class docstring)."""
         if self.read_only:
             raise UsageError(f"the database {self.path!r} was opened read-only; nothing was written")
-        flushing = flush and self.synchronous == "full"
 
         def transaction(db: sqlite3.Connection) -> T:
-            if flushing != self._flushing:
-                # Read by SQLite at each commit; refused inside a transaction, so set before.
-                db.execute(f"PRAGMA synchronous = {'FULL' if flushing else 'NORMAL'}")
-                self._flushing = flushing
             if not wait and self._waits:
                 db.execute("PRAGMA busy_timeout = 0")
                 try:
@@ -920,97 +1007,16 @@ class SQLiteStore:
             try:
                 db.execute("COMMIT")
                 self._wrote = True
+                self._commits += 1
             finally:
                 done, self._on_commit = self._on_commit, []
             for hook in done:
                 hook()
             return result
 
-        return _Flushing(transaction, fn) if flushing and wait else transaction
-
-    def _join(self, write: _Flushing[T]) -> asyncio.Future[T]:
-        """``write`` committed on the worker thread with the other flushing writes handed
-        while it waits there: one transaction and one disk flush for all of them, each in a
-        savepoint of its own, so one that fails is rolled back alone and raises to its own
-        caller. (Concurrent completions, at ``synchronous="full"``, no longer queue for a
-        flush each.) Every caller hears once the flush is over: nothing is told before it is
-        on the disk."""
-        told: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        with self._grouping:
-            group, fresh = self._group, self._group is None
-            if group is None:
-                group = self._group = []
-            group.append((write, told))
-        if fresh:
-            job = self._job(lambda db: self._commit_group(db, group))
-
-            def run() -> None:  # its callers are told by the group: no loop woken for the job
-                try:
-                    job()
-                except BaseException as exc:  # noqa: BLE001 - before telling them (no file)
-                    for _, member in group:
-                        _settle_soon(member, None, exc)  # (those told already stay so)
-
-            self._started().post(run)
-        return told
-
-    def _commit_group(self, db: sqlite3.Connection, group: list[_Member]) -> None:
-        """On the worker: the group's writes in one transaction (the one write of a group of
-        one runs as it would alone), then each caller told its own outcome on its own loop."""
-        with self._grouping:
-            if self._group is group:
-                self._group = None  # closed: a write handed from now on starts the next group
-        outcomes: list[tuple[bool, Any]]
-        if len(group) == 1:
-            try:
-                outcomes = [(True, group[0][0](db))]
-            except BaseException as exc:  # noqa: BLE001 - its caller's
-                outcomes = [(False, self._told(exc))]
-        else:
-            outcomes = self._transact([write.body for write, _ in group], db)
-        for (_, told), (ok, value) in zip(group, outcomes):
-            _settle_soon(told, value if ok else None, None if ok else value)
-
-    def _transact(self, bodies: list[Callable[[sqlite3.Connection], Any]],
-                  db: sqlite3.Connection) -> list[tuple[bool, Any]]:
-        """Several flushing writes in one transaction, each in its own savepoint. A write
-        that raises is rolled back to its savepoint; one that SQLite answers by rolling back
-        the whole transaction (a full disk, an I/O error) fails every write of it, as a
-        failed commit does."""
-        outcomes: list[tuple[bool, Any]] = []
-        hooks: list[list[Callable[[], None]]] = []  # each write's, run once all committed
-        try:
-            if not self._flushing:
-                db.execute("PRAGMA synchronous = FULL")
-                self._flushing = True
-            db.execute("BEGIN IMMEDIATE")
-            for body in bodies:
-                db.execute("SAVEPOINT cogency_write")
-                try:
-                    outcomes.append((True, body(db)))
-                except Exception as exc:  # noqa: BLE001 - its caller's
-                    if not db.in_transaction:
-                        raise
-                    db.execute("ROLLBACK TO cogency_write")
-                    outcomes.append((False, self._told(exc)))
-                    self._on_commit.clear()
-                db.execute("RELEASE cogency_write")
-                hooks.append(self._on_commit)
-                self._on_commit = []
-            db.execute("COMMIT")
-            self._wrote = True
-        except BaseException as exc:  # noqa: BLE001 - every caller's: nothing was stored
-            self._on_commit = []
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            return [(False, self._told(exc))] * len(bodies)
-        for index, done in enumerate(hooks):
-            try:
-                for hook in done:
-                    hook()
-            except Exception as exc:  # noqa: BLE001 - as a lone write's would: its caller's
-                outcomes[index] = (False, exc)
-        return outcomes
+        # (":memory:" has no disk to flush.)
+        flushing = flush and self.synchronous == "full" and self._log is not None
+        return _Flushing(transaction) if flushing else transaction
 
     async def close(self) -> None:
         """Give up every task and conversation this store holds, and close the connection;
@@ -1358,7 +1364,7 @@ class SQLiteStore:
                 )
             return version
 
-        inline = self.synchronous == "normal" and _little("", batch.messages, batch.workspace)
+        inline = _little("", batch.messages, batch.workspace)
         try:
             # Most saves are first attempts, whose messages nothing stored yet: they are
             # written without looking for them first; the rare retry whose earlier attempt
@@ -1759,7 +1765,7 @@ class SQLiteStore:
             "WHERE user_id = ? AND key_hash = ?",
             (task_id, conversation_id, text, user_id, key),
         ), flush=text is not None),  # the outcome is what a retry is answered with
-            inline=text is None or self.synchronous == "normal" and _little(text, ()))
+            inline=text is None or _little(text, ()))
 
     async def drop_request(self, user_id: str, key: str) -> None:
         await self._run(self._write(lambda db: db.execute(
@@ -2356,21 +2362,16 @@ def _settle(told: asyncio.Future[Any], result: Any, exc: BaseException | None) -
 
 
 class _Flushing(Generic[T]):
-    """A write transaction that flushes (``synchronous="full"``) and may wait for the lock:
-    ``SQLiteStore._run`` lets it share its flush with others (``SQLiteStore._join``)."""
+    """A write transaction whose caller is told once a flush made it durable
+    (``synchronous="full"``; ``SQLiteStore._owe_flush``)."""
 
-    __slots__ = ("transaction", "body")
+    __slots__ = ("transaction",)
 
-    def __init__(self, transaction: Callable[[sqlite3.Connection], T],
-                 body: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(self, transaction: Callable[[sqlite3.Connection], T]) -> None:
         self.transaction = transaction
-        self.body = body
 
     def __call__(self, db: sqlite3.Connection) -> T:
         return self.transaction(db)
-
-
-_Member = tuple[_Flushing[Any], "asyncio.Future[Any]"]
 
 
 def _settle_soon(told: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
