@@ -134,14 +134,20 @@ async def test_concurrent_completions_share_one_flush_and_each_is_stored(
     await store.close()
 
 
+async def _answered(tmp_path: Path, *answers: str) -> tuple[Agent, SQLiteStore, str]:
+    """An agent at "full" on a fresh file that gave its first answer ("one", of ann's):
+    the agent, its store and the conversation."""
+    store = SQLiteStore(tmp_path / "agent.db", synchronous="full")
+    agent = Agent(ScriptedLLM([{"response": answer} for answer in answers]), store=store)
+    return agent, store, (await agent.run("one", "ann")).conversation_id
+
+
 async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     flushes = Flushes(monkeypatch)
-    store = SQLiteStore(tmp_path / "held.db", synchronous="full")
-    agent = Agent(ScriptedLLM([{"response": "first"}, {"response": "second"}]), store=store)
-    first = await agent.run("one", "ann")
+    agent, store, conversation = await _answered(tmp_path, "first", "second")
     flushes.hold()
-    run = asyncio.create_task(agent.run("two", "ann", first.conversation_id))
+    run = asyncio.create_task(agent.run("two", "ann", conversation))
     for _ in range(3000):  # the completion committed, its flush begun
         if flushes.entered.is_set():
             break
@@ -154,7 +160,7 @@ async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
     assert ticks == 20 and not run.done()
     # Committed, not yet told: another connection reads the answer already.
     assert rows(store.path, "SELECT content FROM conversation_messages WHERE conversation_id "
-                "= ? ORDER BY seq", first.conversation_id)[-1] == ("second",)
+                "= ? ORDER BY seq", conversation)[-1] == ("second",)
     flushes.release()
     assert (await asyncio.wait_for(run, 30)).response == "second"
     assert flushes.threads and set(flushes.threads) == {"cogency-sqlite"}
@@ -165,19 +171,16 @@ async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
 async def test_a_failed_flush_is_told_to_its_caller_and_the_next_turn_flushes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     flushes = Flushes(monkeypatch)
-    store = SQLiteStore(tmp_path / "failing.db", synchronous="full")
-    agent = Agent(ScriptedLLM([{"response": "first"}, {"response": "second"},
-                               {"response": "third"}]), store=store)
-    first = await agent.run("one", "ann")
+    agent, store, conversation = await _answered(tmp_path, "first", "second", "third")
     flushes.fail()
     with pytest.raises(StorageError, match="flushing the database .* failed .*power loss"):
-        await agent.run("two", "ann", first.conversation_id)
+        await agent.run("two", "ann", conversation)
     # Nothing is lost: the answer was written, and the conversation goes on.
-    third = await agent.run("three", "ann", first.conversation_id)
+    third = await agent.run("three", "ann", conversation)
     assert third.response == "third"
     assert [content for (content,) in rows(
         store.path, "SELECT content FROM conversation_messages WHERE conversation_id = ? "
-        "ORDER BY seq", first.conversation_id)] == ["one", "first", "two", "second", "three",
+        "ORDER BY seq", conversation)] == ["one", "first", "two", "second", "three",
                                                     "third"]
     assert len(flushes.threads) == 3
     await agent.close()
