@@ -62,8 +62,10 @@ class Plan:
     """Quick mode runs a framework's cases in one process to save start-up time."""
     first: int = 11
     """Fresh processes per framework and setting, each to its first durable answer."""
-    fsync_turns: tuple[int, int] = (5, 45)
-    """Two conversation lengths run under strace: fsyncs per turn is their difference's."""
+    fsync_turns: tuple[int, int] = (5, 97)
+    """Two conversation lengths run under strace: fsyncs per turn is their difference's. The
+    92 turns between them hold two of Cogency's checkpoints (one per ~46 turns, at 4 MiB of
+    log), so their flushes count at their share; 40 turns held one or none, as it fell."""
     replay_turns: int = 60
     service: tuple[int, int] = (10, 10)
     """HTTP service against Agent.run: rounds, and runs per client in each round."""
@@ -720,7 +722,7 @@ count those flushes.)
 - **fsyncs per turn**: `strace -f -c -e trace=fsync,fdatasync` on a process running a
   conversation of {plan.fsync_turns[0]} turns and one of {plan.fsync_turns[1]}, each on a fresh
   file; the difference of their counts divided by the difference of their turns (opening and
-  closing cancel out). Every thread of the process is counted.
+  closing cancel out). Every thread of the process is counted, checkpoints' flushes too.
 - **Telemetry off** in every process: `AGNO_TELEMETRY=false` and `telemetry=False`,
   `OPENAI_AGENTS_DISABLE_TRACING=1` with `set_tracing_disabled(True)` and
   `RunConfig(tracing_disabled=True)`, `LANGCHAIN_TRACING_V2=false`, `LANGSMITH_TRACING=false`.
