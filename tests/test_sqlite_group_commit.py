@@ -323,3 +323,6 @@ async def test_a_store_opened_through_a_symbolic_link_flushes_the_log_sqlite_wri
     assert flushes.files == [str(tmp_path / "real" / "agent.db") + "-wal"] * 2
     await agent.close()
     await store.close()
+    assert rows(str(tmp_path / "real" / "agent.db"), "SELECT content FROM conversation_messages "
+                "WHERE conversation_id = ? ORDER BY seq", first.conversation_id) == [
+        ("hello",), ("ok",), ("more",), ("again",)]
