@@ -222,9 +222,9 @@ async def case_one_step(adapter: Adapter, repeat: int, warmup: int) -> dict[str,
         for index in range(warmup + repeat):
             expected = answer_text(index + 1)
             script.set(("answer", expected))
-            calls = script.calls
+            calls, text = script.calls, user_text(index + 1)
             start = time.perf_counter()
-            answer = await session.turn(user_text(index + 1))
+            answer = await session.turn(text)
             elapsed = time.perf_counter() - start
             _check(answer == expected, f"one-step answer {answer!r} is not {expected!r}")
             _check(script.calls == calls + 1, "a one-step run must call the model exactly once")
@@ -244,9 +244,9 @@ async def case_tool_call(adapter: Adapter, repeat: int, warmup: int) -> dict[str
             key = f"k{index}"
             expected = answer_text(index + 1)
             script.set(("tool", ANSWER_TOOL, key), ("answer", expected))
-            runs = ToolLog.runs
+            runs, text = ToolLog.runs, user_text(index + 1)
             start = time.perf_counter()
-            answer = await session.turn(user_text(index + 1))
+            answer = await session.turn(text)
             elapsed = time.perf_counter() - start
             _check(ToolLog.runs == runs + 1 and ToolLog.last_key == key, "the tool did not run")
             _check(answer == expected, f"tool-call answer {answer!r} is not {expected!r}")
@@ -282,8 +282,9 @@ async def _conversation(
         for turn in range(1, turns + 1):
             expected = answer_text(turn)
             script.set(("answer", expected))
+            text = user_text(turn)  # built before the clock starts, as the answer is
             start, cpu_start = time.perf_counter(), time.process_time()
-            answer = await session.turn(user_text(turn))
+            answer = await session.turn(text)
             elapsed, cpu = time.perf_counter() - start, cpu + time.process_time() - cpu_start
             _check(answer == expected, f"turn {turn}: answer {answer!r} is not {expected!r}")
             wanted = min(2 * turn - 1, HISTORY_FLOOR)
