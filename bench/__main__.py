@@ -62,10 +62,11 @@ class Plan:
     """Quick mode runs a framework's cases in one process to save start-up time."""
     first: int = 11
     """Fresh processes per framework and setting, each to its first durable answer."""
-    fsync_turns: tuple[int, int] = (5, 97)
+    fsync_turns: tuple[int, int] = (5, 305)
     """Two conversation lengths run under strace: fsyncs per turn is their difference's. The
-    92 turns between them hold two of Cogency's checkpoints (one per ~46 turns, at 4 MiB of
-    log), so their flushes count at their share; 40 turns held one or none, as it fell."""
+    300 turns between them hold two of Cogency's checkpoints (one per ~150 turns, at 4 MiB of
+    log), so their flushes count at their share; a span that held one or none, as it fell,
+    would make the share look larger or smaller than it is."""
     replay_turns: int = 60
     service: tuple[int, int] = (10, 10)
     """HTTP service against Agent.run: rounds, and runs per client in each round."""

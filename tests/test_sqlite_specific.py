@@ -75,6 +75,43 @@ async def test_connection_uses_wal_foreign_keys_and_a_busy_timeout(db_path):
     }
 
 
+async def test_a_new_file_has_small_pages_and_a_turn_writes_little_log(tmp_path, monkeypatch):
+    """A file the store creates uses ``PAGE_BYTES`` pages: a turn's two commits write the
+    pages they change whole to the log, 11 each, so a one-step turn of a few hundred bytes
+    appends ~23 KB of log, not the ~90 KB of SQLite's default 4 KiB pages. A file that
+    exists (made by a Cogency that used the default) keeps its page size, and works."""
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    answers = [{"response": "An answer of a few hundred bytes. " * 12} for _ in range(4)]
+    logged: dict[int, list[int]] = {}
+    new, old = tmp_path / "new.db", tmp_path / "old.db"
+    with monkeypatch.context() as before:
+        before.setattr(backend, "PAGE_BYTES", 4096)
+        made = SQLiteStore(old)
+        await made.list_conversations("alice")  # creates the file and its schema
+        await made.close()
+    for path in (new, old):
+        store = SQLiteStore(path)
+        try:
+            async with Agent(ScriptedLLM(list(answers)), store=store) as agent:
+                conversation = None
+                for turn in range(4):
+                    before = os.path.getsize(f"{path}-wal") if turn else 0
+                    result = await agent.run(f"question {turn}: " + "words " * 25, "alice",
+                                             conversation)
+                    conversation = result.conversation_id
+                    if turn:  # (the first creates the conversation and the user's row)
+                        logged.setdefault(rows(path, "PRAGMA page_size")[0][0], []).append(
+                            os.path.getsize(f"{path}-wal") - before)
+        finally:
+            await store.close()
+        assert len(rows(path, "SELECT 1 FROM conversation_messages")) == 8
+    assert backend.PAGE_BYTES == 1024 and set(logged) == {1024, 4096}
+    assert max(logged[1024]) < 32 * 1024 < min(logged[4096])
+
+
 async def test_durability_is_the_callers_choice_and_reaches_the_connection(tmp_path, monkeypatch):
     """synchronous="normal" (the default) or "full", from the constructor, open_store's
     option or the URL, is what the agent's turns are written with: at "full" the store
@@ -364,10 +401,10 @@ async def test_a_checkpoint_that_fails_after_a_call_fails_not_that_call(
                          store=store) as agent:
             await agent.run("hello", "alice")
             await store._hand(lambda db: None, checkpoint=True)  # the log starts over
-            # The next turn's start leaves the log under 100 KiB; its answer's save, on
-            # the worker, fills it: the worker checkpoints after it, itself.
+            # The next turn's start leaves the log under 50 KiB; its answer's save (64 KiB
+            # of text), on the worker, fills it: the worker checkpoints after it, itself.
             monkeypatch.setattr(backend, "_checkpoint", checkpoint)
-            monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 100 * 1024)
+            monkeypatch.setattr(backend, "CHECKPOINT_BYTES", 50 * 1024)
             monkeypatch.setattr(backend, "COPY_ALONE_BYTES", 1 << 30)
             result = await agent.run("hello", "alice")
             assert result.stop_reason == "completed" and result.response == text
