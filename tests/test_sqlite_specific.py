@@ -87,8 +87,8 @@ async def test_a_new_file_has_small_pages_and_a_turn_writes_little_log(tmp_path,
     answers = [{"response": "An answer of a few hundred bytes. " * 12} for _ in range(4)]
     logged: dict[int, list[int]] = {}
     new, old = tmp_path / "new.db", tmp_path / "old.db"
-    with monkeypatch.context() as before:
-        before.setattr(backend, "PAGE_BYTES", 4096)
+    with monkeypatch.context() as earlier:
+        earlier.setattr(backend, "PAGE_BYTES", 4096)
         made = SQLiteStore(old)
         await made.list_conversations("alice")  # creates the file and its schema
         await made.close()
