@@ -1006,3 +1006,40 @@ def test_a_store_outlives_the_event_loop_of_a_job_it_ran(tmp_path):
     loop_closed.set()
     assert asyncio.run(asyncio.wait_for(use(), 30)) == [(2,)]
     asyncio.run(store.close())
+
+
+async def test_stored_times_are_the_iso_text_datetime_writes(tmp_path, monkeypatch):
+    """Every time a turn stores (a message's, the conversation's, a held task's lease end) is
+    the ISO text ``datetime.isoformat`` writes for that moment in UTC, made without a
+    datetime: it reads back to the same text, and it is now (the lease: now plus the lease)."""
+    from datetime import datetime, timedelta, timezone
+
+    from cogency import Agent, _time
+    from cogency.testing import ScriptedLLM
+
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path, lease=90)
+    began = datetime.now(timezone.utc)
+    try:
+        async with Agent(ScriptedLLM([{"response": "one"}]), store=store) as agent:
+            conversation = (await agent.run("hello", "alice")).conversation_id
+        held = await State.start_task("later", "alice", conversation, store, runner="worker-1")
+        stamps = [text for (text,) in rows(path, "SELECT created_at FROM conversation_messages")]
+        stamps += [text for (text,) in rows(path, "SELECT updated_at FROM conversations")]
+        (lease_until,) = rows(path, "SELECT lease_until FROM task_workspaces WHERE task_id = ?",
+                              held.task_id)[0]
+    finally:
+        await store.close()
+    ended = datetime.now(timezone.utc)
+    assert len(stamps) == 3
+    for text in [*stamps, lease_until]:
+        moment = datetime.fromisoformat(text)
+        assert moment.isoformat() == text and moment.utcoffset() == timedelta(0)
+    assert all(began <= datetime.fromisoformat(text) <= ended for text in stamps)
+    lease_end = datetime.fromisoformat(lease_until) - timedelta(seconds=90)
+    assert began <= lease_end <= ended
+    # On the second, isoformat leaves the microseconds out; so does the store.
+    monkeypatch.setattr(_time.time, "time_ns", lambda: 1_800_000_000 * 10**9)
+    on_the_second = datetime.fromtimestamp(1_800_000_000, timezone.utc)
+    assert _time.stamp() == on_the_second.isoformat() == "2027-01-15T08:00:00+00:00"
+    assert _time.stamp(0.25) == (on_the_second + timedelta(seconds=0.25)).isoformat()

@@ -221,3 +221,50 @@ def test_the_quick_look_finds_a_run_of_exactly_128_wherever_it_starts():
         for run in ("x" * 128, "é" * 128, "中" * 127 + "x"):
             assert _may_have_long_run(" " * start + run + " \n"), (start, run[0])
     assert not _may_have_long_run("ledger harbor quartz meadow " * 40)  # prose: no search
+
+
+_ASCII = st.sampled_from([chr(c) for c in range(128)])
+_ASCII_EDGES = st.sampled_from(list(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f'sStTdDmMlLvVeErR09.!-_ "))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(_ASCII_EDGES | _ASCII | st.sampled_from(["'ll", "'VE", "  ", " \n", "123456"]),
+                max_size=120).map("".join))
+def test_ascii_text_is_counted_as_tiktoken_counts_it(text):
+    """ASCII text is counted by its pieces (Python's ``re``, the encoding's pattern spelled out
+    for ASCII) and a cache of each piece's tokens: always tiktoken's own count of the text,
+    whether the pieces were cached or not, at every kind of whitespace and contraction."""
+    import cogency.tokens as tokens
+
+    tokens.count_tokens("load")  # the pieces path runs once the encoding is loaded
+    truth = len(tokens._encoding().encode_ordinary(text))
+    assert tokens.count_tokens(text) == truth  # pieces new to the cache, or not
+    assert tokens.count_tokens(text) == truth  # every piece cached now
+
+
+def test_prose_and_code_are_counted_as_tiktoken_counts_them_and_the_cache_stays_bounded(
+        monkeypatch):
+    """This package's own source, cut in pieces, counted through a cache too small to hold
+    their pieces: every count is tiktoken's, and the cache never holds more than its bound
+    (one text with more new pieces than that adds none of them)."""
+    import cogency.tokens as tokens
+
+    tokens.count_tokens("load")
+    monkeypatch.setattr(tokens, "_PIECE_TOKENS", {})
+    monkeypatch.setattr(tokens, "_PIECES_KEPT", 500)
+    encoding = tokens._encoding()
+    source = "\n".join(path.read_text() for path in sorted(Path(SRC, "cogency").rglob("*.py")))
+    texts = [part for at in range(0, len(source), 700)
+             if (part := source[at:at + 700]).isascii() and not tokens._may_have_long_run(part)]
+    assert len(texts) > 500
+    for text in texts:
+        assert tokens.count_tokens(text) == len(encoding.encode_ordinary(text))
+        assert len(tokens._PIECE_TOKENS) <= 500
+    words = [chr(97 + n % 26) + chr(97 + n // 26 % 26) + chr(97 + n // 676) for n in range(2_000)]
+    many = "q " + " ".join(words)  # 2,000 pieces (" abc"), none seen
+    assert tokens.count_tokens(many) == len(encoding.encode_ordinary(many))
+    assert len(tokens._PIECE_TOKENS) <= 500
+    for word in words:  # one new piece a text, each counted as the lookup meets it
+        text = f"the answer is {word}, as before"
+        assert tokens.count_tokens(text) == len(encoding.encode_ordinary(text))
+        assert len(tokens._PIECE_TOKENS) <= 500

@@ -306,7 +306,7 @@ def _message(state: State, role: str, content: str, **extra: Any) -> dict[str, A
         "task_id": state.task_id,
         # Exact once the encoding is loaded, else an upper bound made exact where it matters.
         "tokens": message_tokens(content),
-        "created_at": _time.now().isoformat(),
+        "created_at": _time.stamp(),
         **extra,
     }
 

@@ -47,7 +47,7 @@ def to_document(data: UserData) -> dict[str, Any]:
     """``data`` as the export document (plain JSON values)."""
     return {
         "format": FORMAT,
-        "exported_at": _time.now().isoformat(),
+        "exported_at": _time.stamp(),
         "user_id": data.user_id,
         "profile": None if data.profile is None else data.profile.to_dict(),
         "entries": [entry.to_dict() for entry in data.entries],

@@ -537,14 +537,14 @@ async def migrate(db: asyncpg.Connection, upto: str | None = None) -> list[str]:
             done.add("m001_initial")  # a seed-era database made without migrations
             await db.execute(
                 "INSERT INTO schema_migrations VALUES ('m001_initial', $1)",
-                _time.now().isoformat(),
+                _time.stamp(),
             )
         applied = []
         for name, step in MIGRATIONS:
             if name not in done:
                 await step(db)
                 await db.execute(
-                    "INSERT INTO schema_migrations VALUES ($1, $2)", name, _time.now().isoformat()
+                    "INSERT INTO schema_migrations VALUES ($1, $2)", name, _time.stamp()
                 )
                 applied.append(name)
             if name == upto:
@@ -1359,7 +1359,7 @@ class PostgresStore:
             rows = await db.fetch(_LOCK_APPROVALS, task_id, user_id)
             updates = check_decisions(task_id, {row[0]: (row[1], row[2]) for row in rows},
                                       decisions)
-            stamp = _time.now().isoformat()
+            stamp = _time.stamp()
             await db.executemany(
                 _DECIDE,
                 [(status, _put_text(output) if output is not None else None, stamp, task_id,
@@ -1428,7 +1428,7 @@ class PostgresStore:
         # A completion with memory on queues its task for learning in the same statement.
         learning = None
         if batch.complete and batch.learn:
-            learning = dumps(learning_ref(batch, _time.now().isoformat()))
+            learning = dumps(learning_ref(batch, _time.stamp()))
         # A step that pauses for approval, or settles decided calls, also writes
         # task_approvals, and a profile given to save is written through its entries: one
         # transaction then, so all of it lands or none.
@@ -1623,7 +1623,7 @@ class PostgresStore:
             await db.fetch(
                 _RELEASE_LEARNING, claim.user_id, dumps(tasks), 1 if error is not None else 0,
                 None if error is None else _put_text(error),
-                (retry_at or _time.now()).isoformat(), _time.now().isoformat(),
+                (retry_at or _time.now()).isoformat(), _time.stamp(),
             )
 
         await self._use("releasing learning", work, user=claim.user_id)
@@ -1635,7 +1635,7 @@ class PostgresStore:
                 return None
             values = list(row)
             values[4] = None if values[4] is None else _get_text(values[4])
-            return learning_status_of(values, user_id, _time.now().isoformat())
+            return learning_status_of(values, user_id, _time.stamp())
 
         return await self._read("reading a user's learning", work, user=user_id)
 

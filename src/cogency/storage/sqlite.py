@@ -185,7 +185,7 @@ def _m002_conversation_messages(db: sqlite3.Connection) -> None:
     )
     # The seeds never turned foreign keys on, so their files may name users with no profile
     # row; give those a default profile so the enforced keys hold from here on.
-    stamp = _time.now().isoformat()
+    stamp = _time.stamp()
     for (user_id,) in db.execute(
         "SELECT user_id FROM conversations UNION SELECT user_id FROM task_workspaces "
         "EXCEPT SELECT user_id FROM user_profiles"
@@ -227,7 +227,7 @@ def _m003_task_workspace_columns(db: sqlite3.Connection) -> None:
         """
     )
     # Seed-era workspaces had no conversation: give each an empty one.
-    stamp = _time.now().isoformat()
+    stamp = _time.stamp()
     orphans = db.execute(
         "SELECT task_id, user_id FROM task_workspaces WHERE conversation_id IS NULL"
     ).fetchall()
@@ -455,7 +455,7 @@ def _create(db: sqlite3.Connection) -> list[str]:
     recorded as applied."""
     for statement in _sqlite_schema.STATEMENTS:
         db.execute(statement)
-    stamp = _time.now().isoformat()
+    stamp = _time.stamp()
     db.executemany("INSERT INTO schema_migrations VALUES (?, ?)",
                    [(name, stamp) for name in MIGRATION_NAMES])
     return list(MIGRATION_NAMES)
@@ -474,14 +474,14 @@ def _replay(db: sqlite3.Connection, upto: str | None) -> list[str]:
     if not done and _has_table(db, "user_profiles"):
         done.add("m001_initial")  # a seed-era database made without migrations
         db.execute(
-            "INSERT INTO schema_migrations VALUES ('m001_initial', ?)", (_time.now().isoformat(),)
+            "INSERT INTO schema_migrations VALUES ('m001_initial', ?)", (_time.stamp(),)
         )
     applied = []
     for name, step in MIGRATIONS:
         if name not in done:
             step(db)
             db.execute(
-                "INSERT INTO schema_migrations VALUES (?, ?)", (name, _time.now().isoformat())
+                "INSERT INTO schema_migrations VALUES (?, ?)", (name, _time.stamp())
             )
             applied.append(name)
         if name == upto:
@@ -1085,7 +1085,7 @@ class SQLiteStore:
         hold = self._leases.holds.get(task.conversation_id) if task.runner else None
 
         def work(db: sqlite3.Connection) -> ConversationRecord:
-            stamp = _time.now().isoformat()
+            stamp = _time.stamp()
             if hold is not None:
                 _check_hold(db, task.conversation_id, hold[1])
             fresh = list(messages)
@@ -1206,7 +1206,7 @@ class SQLiteStore:
                 (task_id,),
             )}
             updates = check_decisions(task_id, statuses, decisions)
-            stamp = _time.now().isoformat()
+            stamp = _time.stamp()
             db.executemany(
                 "UPDATE task_approvals SET status = ?, output = ?, decided_at = ? "
                 "WHERE task_id = ? AND call_id = ? AND status = 'pending'",
@@ -1320,7 +1320,7 @@ class SQLiteStore:
         return await self._run(self._write(work))
 
     def _lease_end(self) -> str:
-        return (_time.now() + timedelta(seconds=self.lease)).isoformat()
+        return _time.stamp(self.lease)
 
     async def _renew(self, tasks: Held, holds: Held) -> tuple[set[str], set[str]]:
         def lost(db: sqlite3.Connection, table: str, key: str, held: Held, until: str
@@ -1345,7 +1345,7 @@ class SQLiteStore:
         fence = self._leases.fence(batch.task_id)
 
         def work(db: sqlite3.Connection, look: bool) -> int:
-            stamp = _time.now().isoformat()
+            stamp = _time.stamp()
             version = batch.expected_version
             if fence is not None:
                 _check_hold(db, *fence)
@@ -1454,9 +1454,9 @@ class SQLiteStore:
             if generation is not None and _generation(db, user_id) != generation:
                 raise ForgottenError(user_id)
             queued = _claimed(db, claim) if claim is not None else None
-            book = _change_profile(db, user_id, change, _time.now().isoformat())
+            book = _change_profile(db, user_id, change, _time.stamp())
             if claim is not None and queued is not None:
-                _finish_claim(db, claim, queued, _time.now().isoformat())
+                _finish_claim(db, claim, queued, _time.stamp())
             return book
 
         return await self._run(self._write(work))
@@ -1553,7 +1553,7 @@ class SQLiteStore:
                 "lease_until = NULL, attempts = attempts + ?, last_error = COALESCE(?, "
                 "last_error), next_attempt_at = ?, updated_at = ? WHERE user_id = ?",
                 (dumps(tasks), 1 if error is not None else 0, error,
-                 (retry_at or _time.now()).isoformat(), _time.now().isoformat(),
+                 (retry_at or _time.now()).isoformat(), _time.stamp(),
                  claim.user_id),
             )
 
@@ -1566,7 +1566,7 @@ class SQLiteStore:
                 "lease_until, created_at FROM learning_queue WHERE user_id = ?", (user_id,)
             ).fetchone()
             return None if row is None else learning_status_of(row, user_id,
-                                                                 _time.now().isoformat())
+                                                                 _time.stamp())
 
         return await self._run(work)
 
@@ -1592,7 +1592,7 @@ class SQLiteStore:
 
     async def import_user(self, data: UserData) -> None:
         def work(db: sqlite3.Connection) -> None:
-            _import(db, data, _time.now().isoformat())
+            _import(db, data, _time.stamp())
             self._windows.clear()
 
         await self._run(self._write(work))
@@ -1666,7 +1666,7 @@ class SQLiteStore:
         def work(db: sqlite3.Connection) -> ApiKeyRecord:
             db.execute(
                 "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
-                (_time.now().isoformat(), key_id),
+                (_time.stamp(), key_id),
             )
             row = db.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
             if row is None:
@@ -1702,7 +1702,7 @@ class SQLiteStore:
                 "runner = excluded.runner, epoch = excluded.epoch, "
                 "lease_until = excluded.lease_until, started_at = excluded.started_at",
                 (conversation_id, user_id, runner, epoch, self._lease_end(),
-                 _time.now().isoformat()),
+                 _time.stamp()),
             )
             return epoch
 
@@ -1742,7 +1742,7 @@ class SQLiteStore:
     async def claim_request(self, record: RequestRecord, *, replace: bool = False
                             ) -> RequestRecord | None:
         def work(db: sqlite3.Connection) -> RequestRecord | None:
-            stamp = _time.now().isoformat()
+            stamp = _time.stamp()
             # Expired rows go (a few at a time, so no claim ever waits on a big sweep).
             db.execute("DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM "
                        "idempotency_keys WHERE expires_at < ? LIMIT 100)", (stamp,))
