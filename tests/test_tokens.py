@@ -268,3 +268,24 @@ def test_prose_and_code_are_counted_as_tiktoken_counts_them_and_the_cache_stays_
         text = f"the answer is {word}, as before"
         assert tokens.count_tokens(text) == len(encoding.encode_ordinary(text))
         assert len(tokens._PIECE_TOKENS) <= 500
+
+
+def test_a_long_text_is_counted_by_tiktoken_which_lets_the_gil_go(monkeypatch):
+    """Counting by pieces holds the GIL (``re``, the lookups); tiktoken lets it go while it
+    encodes. A long query is counted in a thread (``State.start_task``), so a text longer than
+    ``_PIECES_TEXT`` goes to tiktoken: the event loop runs on meanwhile. Both counts are
+    tiktoken's."""
+    import cogency.tokens as tokens
+
+    tokens.count_tokens("load")
+    by_pieces: list[int] = []
+    counted = tokens._count_ascii
+    monkeypatch.setattr(tokens, "_count_ascii",
+                        lambda text: by_pieces.append(len(text)) or counted(text))
+    short = "the quick brown fox jumps over the lazy dog, 42 times. " * 100
+    long = short * 4
+    assert len(short) <= tokens._PIECES_TEXT < len(long)
+    encoding = tokens._encoding()
+    for text in (short, long):
+        assert tokens.count_tokens(text) == len(encoding.encode_ordinary(text))
+    assert by_pieces == [len(short)]

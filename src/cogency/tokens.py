@@ -16,7 +16,7 @@ exact first (:func:`exact_tokens`): windows hold what exact counts would give th
 Once it is loaded, ASCII text is counted by its pieces (the encoding's own pattern, spelled out
 for ASCII in Python's ``re``) and a bounded cache of each piece's tokens, which prose repeats:
 the same count as tiktoken's (``tests/test_tokens.py`` holds them equal), with less work per
-message. Other text goes to tiktoken whole.
+message. Other text, and text over 16 KiB (``_PIECES_TEXT``), goes to tiktoken whole.
 
 tiktoken downloads its encodings at run time; Cogency ships the ranks so counting works with
 no network (``scripts/pack_encoding.py`` made the file from tiktoken's published one).
@@ -152,6 +152,10 @@ most ``_PIECE_KEPT`` characters. Entries are only added; a full cache is replace
 one, so a thread counting with the old one still finds every piece it saw there."""
 _PIECES_KEPT = 16_384
 _PIECE_KEPT = 64
+_PIECES_TEXT = 16_384
+"""The longest text counted by its pieces: ``re`` and the lookups hold the GIL, where
+tiktoken lets it go while it encodes, so a long text counted in a thread (``State.start_task``
+counts a long query in one) goes to tiktoken and leaves the event loop free."""
 _FEW_NEW = 4
 
 
@@ -190,7 +194,8 @@ def count_tokens(text: str) -> int:
     Loads the encoding on first use."""
     if not text:
         return 0
-    if _loaded and text.isascii() and not _may_have_long_run(text):
+    if (_loaded and len(text) <= _PIECES_TEXT and text.isascii()
+            and not _may_have_long_run(text)):
         return _count_ascii(text)  # (the first count loads the encoding, below)
     return len(_encode(text))
 
