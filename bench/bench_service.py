@@ -68,31 +68,51 @@ def model() -> ScriptedLLM:
     return _Served(itertools.repeat({"response": "ok"}), delay=delay)
 
 
-class _Server:
-    def __init__(self, db: str, delay: float, workdir: str, nofile: int | None = None,
-                 llm: str = "bench.bench_service:model") -> None:
-        """``nofile``: the server's open-file limit (else this process's); ``llm``: the model
-        it serves (by default the scripted one, answering after ``delay`` seconds)."""
-        env = {**os.environ, "COGENCY_BENCH_DELAY": str(delay),
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.log = open(Path(workdir) / f"server-{uuid.uuid4().hex[:6]}.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cogency.cli", "serve", "--db", db, "--port", "0",
-             "--llm", llm, "--max-runs-per-key", "1000",
-             "--no-memory"],  # the served turn alone: learning would double the model calls
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=workdir,
-            preexec_fn=None if nofile is None else lambda: _limit_files(nofile))
+class _Listening:
+    """A server process that prints ``listening on URL`` once it listens."""
+
+    def __init__(self, command: list[str], log: Path, **popen: Any) -> None:
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, **popen)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         found = re.search(r"listening on (http://\S+)", line)
         if not found:
-            raise SystemExit(f"the server did not start: {line!r}")
+            self.stop()
+            raise SystemExit(f"{command[2]} did not start: {line!r}")
         self.url = found.group(1)
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
         self.log.close()
+
+
+class _Server(_Listening):
+    def __init__(self, db: str, delay: float, workdir: str, nofile: int | None = None,
+                 llm: str = "bench.bench_service:model") -> None:
+        """``nofile``: the server's open-file limit (else this process's); ``llm``: the model
+        it serves (by default the scripted one, answering after ``delay`` seconds)."""
+        env = {**os.environ, "COGENCY_BENCH_DELAY": str(delay),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        super().__init__(
+            [sys.executable, "-m", "cogency.cli", "serve", "--db", db, "--port", "0",
+             "--llm", llm, "--max-runs-per-key", "1000",
+             "--no-memory"],  # the served turn alone: learning would double the model calls
+            Path(workdir) / f"server-{uuid.uuid4().hex[:6]}.log", env=env, cwd=workdir,
+            preexec_fn=None if nofile is None else lambda: _limit_files(nofile))
+
+
+class _Bare(_Listening):
+    """``bench.bare_http`` answering every request with ``body``: the floor under any HTTP
+    service, measured with the same client."""
+
+    def __init__(self, body: bytes, workdir: str) -> None:
+        path = Path(workdir) / f"bare-{uuid.uuid4().hex[:6]}.json"
+        path.write_bytes(body)
+        super().__init__([sys.executable, "-m", "bench.bare_http", str(path)],
+                         path.with_suffix(".log"), cwd=ROOT)
 
 
 def _limit_files(count: int) -> None:
@@ -332,17 +352,26 @@ async def overhead_by_clients(
 ) -> dict[str, Any]:
     """`cogency serve` over real HTTP against ``Agent.run`` in this process, at each number of
     concurrent clients: each client its own user (key) and conversation, sending one run after
-    another (an instant model). The two ways alternate round by round (``per_round`` runs per
-    client each), so a slow moment of the machine hits both; every request's latency counts.
-    Both stores are SQLite files at ``synchronous``."""
+    another (an instant model). A third way is the floor under any HTTP service: the same
+    client and requests against ``bench.bare_http``, which answers each at once with a body
+    the server sent. The ways alternate round by round (``per_round`` runs per client each),
+    so a slow moment of the machine hits all; every request's latency counts. Both stores are
+    SQLite files at ``synchronous``."""
     url = lambda name: f"sqlite:///{Path(workdir) / name}?synchronous={synchronous}"  # noqa: E731
     out: dict[str, Any] = {"synchronous": synchronous, "clients": {}}
     for count in clients:
         served = url(f"served-{count}.db")
         keys = await _keys(served, count)
         server = _Server(served, 0.0, workdir)
-        latencies: dict[str, list[float]] = {"direct": [], "http": []}
+        bare: _Bare | None = None
+        latencies: dict[str, list[float]] = {"direct": [], "http": [], "bare": []}
         try:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+                sample = await http.post("/api/runs", json={"query": "hello"},
+                                         headers={"Authorization": f"Bearer {keys[0]}"})
+                sample.raise_for_status()
+            bare = _Bare(sample.content, workdir)
+            bare_url = bare.url
             async with Agent(llm=model_instant(), store=url(f"direct-{count}.db")) as direct, \
                     httpx.AsyncClient(base_url=server.url, timeout=60,
                                       limits=httpx.Limits(max_connections=count + 5)) as http:
@@ -361,25 +390,29 @@ async def overhead_by_clients(
                             if conversation:
                                 body["conversation_id"] = conversation
                             answer = await http.post(
-                                "/api/runs", json=body,
+                                ("" if way == "http" else bare_url) + "/api/runs", json=body,
                                 headers={"Authorization": f"Bearer {keys[n]}"})
                             answer.raise_for_status()
                             conversations[(way, n)] = answer.json()["conversation_id"]
                         latencies[way].append(time.perf_counter() - began)
 
                 for round_ in range(rounds + 1):  # round 0 warms both up, untimed
-                    for way in ("direct", "http"):
+                    for way in ("direct", "http", "bare"):
                         mark = len(latencies[way])
                         await asyncio.gather(*(one(way, n) for n in range(count)))
                         if round_ == 0:
                             del latencies[way][mark:]
         finally:
             server.stop()
+            if bare is not None:
+                bare.stop()
         figures = {way: {"p50": _percentile(values, 0.5) * 1000,
                          "p99": _percentile(values, 0.99) * 1000, "n": len(values)}
                    for way, values in latencies.items()}
         figures["overhead"] = {q: figures["http"][q] - figures["direct"][q]
                                for q in ("p50", "p99")}
+        # What the server itself adds: the overhead less the client's and the loopback's part
+        figures["own"] = {q: figures["overhead"][q] - figures["bare"][q] for q in ("p50", "p99")}
         out["clients"][str(count)] = figures
     return out
 

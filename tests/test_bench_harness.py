@@ -51,7 +51,11 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
         # The replay is checked against the trace; a one-step turn sends the store statements.
         assert replay["statements_per_turn"] > 0 and replay["cpu_ratio_literal"] > 0
         for clients in ("1", "10"):
-            assert results[f"service@{setting}"]["clients"][clients]["http"]["n"] > 0
+            service = results[f"service@{setting}"]["clients"][clients]
+            # The same client against the bare server, as many times as against the service
+            assert service["http"]["n"] > 0 and service["bare"]["n"] == service["http"]["n"]
+            assert service["own"]["p50"] == pytest.approx(
+                service["overhead"]["p50"] - service["bare"]["p50"])
     if shutil.which("strace"):
         # FULL flushes at every commit; NORMAL (WAL) only at checkpoints.
         assert results["fsync@full"]["per_turn"] >= 1
@@ -70,6 +74,7 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
     assert "| NORMAL: per-turn time at turn 10 (ms) |" in text
     assert "| **FULL**: durable 25-turn conversation, per turn (ms) |" in text
     assert "### Cogency ÷ its own SQL" in text and "### `cogency serve` over HTTP" in text
+    assert "bare HTTP p50" in text and "round trip to a bare HTTP server" in text
     assert "## Goals" in text and "Cold import faster than every peer" not in text  # no peers
     assert "Database size ≤ 2 × the raw text" in text
     median_ms = f"{results['one_step']['median'] * 1e3:.2f}"
