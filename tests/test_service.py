@@ -258,6 +258,13 @@ def test_every_api_route_needs_a_live_key(service):
                 error = answer.json()["error"]
                 assert (error["type"] == "unauthorized" if path.startswith("/api/")
                         else error["code"] == "unauthorized")  # OpenAI's shape under /v1
+    # the key counts only as a bearer token; the scheme's name in any case (RFC 9110)
+    with server.client() as client:
+        for header, status in ((f"Basic {keys['alice']}", 401), (keys["alice"], 401),
+                               ("Bearer", 401), (f"bearer {keys['alice']}", 200),
+                               (f"BEARER {keys['alice']}", 200)):
+            answer = client.get("/api/tasks", headers={"Authorization": header})
+            assert answer.status_code == status, header
     assert server.client().get("/health").json()["status"] == "ok"
 
 
