@@ -14,6 +14,9 @@ its test holds a checkout measured against itself to within 1%.
 ``--case served`` counts a ``POST /api/runs`` instead, answered by ``cogency serve``'s app in
 the same process (its middleware, the key's check, the conversation's hold, the agent, the
 JSON answer; no socket and no HTTP client), each conversation ``--turns`` requests long.
+``--case http`` counts the same request sent over loopback HTTP to a ``cogency serve`` process
+(the measured one; the client is outside valgrind): uvicorn, the socket's Python side and the
+access log too. The three cases side by side say where a served request's work goes.
 
 Instructions are not time: a system call (a disk flush, a thread's wake-up) counts for a few,
 and so the figure leaves out the kernel's part of a turn. It says whether the user-space work
@@ -21,6 +24,7 @@ of a turn grew or shrank, not by how much the turn's time did.
 
     python -m bench.instructions --synchronous normal
     python -m bench.instructions --case served
+    python -m bench.instructions --case http
     python -m bench.instructions --against /tmp/base/src      # A/B: a checkout made with
                                                               # git worktree add /tmp/base main
 Needs valgrind (``apt-get install valgrind``); about 25 s per checkout on two cores.
@@ -115,22 +119,77 @@ def _served(count: int, turns: int, synchronous: str) -> None:
     asyncio.run(run())
 
 
+def _serving(synchronous: str) -> None:
+    """In the measured process: ``cogency serve`` on a fresh SQLite file with the instant
+    model (bench.bench_service's), after printing a key of its user for the driver."""
+    from bench.bench_service import _keys
+    from cogency.cli import main
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as directory:
+        db = f"sqlite:///{directory}/http.db?synchronous={synchronous}"
+        [key] = asyncio.run(_keys(db, 1))
+        print(f"key {key}", flush=True)
+        os.environ["COGENCY_BENCH_DELAY"] = "0"
+        raise SystemExit(main(["serve", "--db", db, "--port", "0", "--no-memory",
+                               "--llm", "bench.bench_service:model",
+                               "--max-runs-per-key", "1000"]))
+
+
+def _drive(server: subprocess.Popen[str], count: int, turns: int) -> None:
+    """Outside valgrind: ``count`` conversations of ``turns`` runs each, sent to ``server``
+    (a ``_serving`` process) one after another over HTTP; then it is stopped (SIGTERM)."""
+    import httpx
+
+    assert server.stdout is not None
+    key = server.stdout.readline().split()[-1]
+    line = server.stdout.readline()
+    found = re.search(r"listening on (http://\S+)", line)
+    if found is None:
+        server.kill()
+        raise SystemExit(f"the measured server did not start: {line!r}")
+    with httpx.Client(base_url=found.group(1), timeout=600,
+                      headers={"Authorization": f"Bearer {key}"}) as client:
+        for _ in range(count):
+            conversation = None
+            for _ in range(turns):
+                answer = client.post("/api/runs", json={"query": "hello",
+                                                        "conversation_id": conversation})
+                if answer.status_code != 200:
+                    server.kill()
+                    raise SystemExit(f"POST /api/runs answered {answer.status_code}: "
+                                     f"{answer.text[:500]}")
+                conversation = answer.json()["conversation_id"]
+    server.terminate()
+
+
 def _instructions(src: Path, count: int, turns: int, synchronous: str,
                   case: str = "turn") -> int:
     """Instructions (callgrind's ``Ir``) of a process running ``count`` conversations with
-    the package at ``src``."""
+    the package at ``src`` (``http``: the server that answers them)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONMALLOC": "malloc",
            "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)]), "COGENCY_BENCH_SRC": str(src)}
     with tempfile.TemporaryDirectory() as scratch:
-        done = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={scratch}/out",
-             sys.executable, "-m", "bench.instructions", "--child", str(count), "--turns",
-             str(turns), "--synchronous", synchronous, "--case", case],
-            capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600,
-        )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise SystemExit(f"the measured process failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={scratch}/out",
+                   sys.executable, "-m", "bench.instructions", "--child", str(count), "--turns",
+                   str(turns), "--synchronous", synchronous, "--case", case]
+        with open(f"{scratch}/stderr", "w+") as stderr:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
+                                       text=True, env=env, cwd=ROOT)
+            try:
+                if case == "http":
+                    _drive(process, count, turns)
+                else:
+                    assert process.stdout is not None
+                    process.stdout.read()
+                returncode = process.wait(3600)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+            stderr.seek(0)
+            err = stderr.read()
+    found = re.search(r"Collected : (\d+)", err)
+    if returncode != 0 or found is None:
+        raise SystemExit(f"the measured process failed ({returncode}):\n{err[-2000:]}")
     return int(found.group(1))
 
 
@@ -153,9 +212,10 @@ def main() -> None:
                         help="conversations counted: the difference between the processes")
     parser.add_argument("--against", type=Path, metavar="SRC",
                         help="another checkout's src directory: measured too, and compared")
-    parser.add_argument("--case", choices=("turn", "served"), default="turn",
+    parser.add_argument("--case", choices=("turn", "served", "http"), default="turn",
                         help="turn: Agent.run's durable turn; served: a POST /api/runs "
-                             "answered by `cogency serve`'s app in process (no socket)")
+                             "answered by `cogency serve`'s app in process (no socket); "
+                             "http: the same over loopback HTTP to a `cogency serve` process")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -164,6 +224,8 @@ def main() -> None:
         given = Path(os.environ["COGENCY_BENCH_SRC"]).resolve()
         if Path(cogency.__file__).resolve().parents[1] != given:  # an install took precedence
             raise SystemExit(f"measured {cogency.__file__}, not the package in {given}")
+        if args.case == "http":
+            _serving(args.synchronous)
         (_served if args.case == "served" else _conversations)(
             args.child, args.turns, args.synchronous)
         return
@@ -171,7 +233,8 @@ def main() -> None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
     if args.against is not None and not (args.against / "cogency" / "__init__.py").is_file():
         raise SystemExit(f"{args.against} holds no cogency package: pass a checkout's src")
-    what = "served POST /api/runs" if args.case == "served" else "durable turn"
+    what = {"turn": "durable turn", "served": "served POST /api/runs",
+            "http": "POST /api/runs over HTTP (the server's)"}[args.case]
     with ThreadPoolExecutor(2) as pool:
         mine = per_turn(SRC, args.warmup, args.conversations, args.turns, args.synchronous,
                         pool, args.case)
