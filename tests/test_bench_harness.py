@@ -206,18 +206,22 @@ def test_instructions_per_turn_repeat_so_an_a_b_measures_the_change() -> None:
     assert abs(ratio - 1) < 0.01, done.stdout  # timed runs drift by up to 25%
 
 
-def test_instructions_per_served_request() -> None:
+@pytest.mark.parametrize("case, said", [("served", "per served POST /api/runs"),
+                                        ("http", "per POST /api/runs over HTTP")],
+                         ids=["served", "http"])
+def test_instructions_per_served_request(case: str, said: str) -> None:
     """`python -m bench.instructions --case served` counts a `POST /api/runs` answered by
-    `cogency serve`'s app in process (each answered 200, or the run fails): more than a turn
-    of the agent alone."""
+    `cogency serve`'s app in process, `--case http` one answered by a `cogency serve` process
+    over loopback HTTP (each answered 200, or the run fails): more than a turn of the agent
+    alone."""
     _valgrind()
     done = subprocess.run(
-        [sys.executable, "-m", "bench.instructions", "--case", "served", "--warmup", "1",
+        [sys.executable, "-m", "bench.instructions", "--case", case, "--warmup", "1",
          "--conversations", "1", "--turns", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr
-    assert "per served POST /api/runs" in done.stdout, done.stdout
+    assert said in done.stdout, done.stdout
     [figure] = [float(line.split()[0]) for line in done.stdout.splitlines()
                 if line.split()[1:2] == ["M"]]
     assert 1 < figure < 50, done.stdout  # millions per request
