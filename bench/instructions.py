@@ -156,12 +156,13 @@ def _drive(server: subprocess.Popen[str], count: int, turns: int) -> None:
     import httpx
 
     assert server.stdout is not None
-    key = server.stdout.readline().split()[-1]
-    line = server.stdout.readline()
+    said = server.stdout.readline()
+    line = server.stdout.readline() if said.startswith("key ") else said
     found = re.search(r"listening on (http://\S+)", line)
     if found is None:
         server.kill()
         raise SystemExit(f"the measured server did not start: {line!r}")
+    key = said.split()[-1]
     with httpx.Client(base_url=found.group(1), timeout=600,
                       headers={"Authorization": f"Bearer {key}"}) as client:
         for _ in range(count):
