@@ -82,8 +82,9 @@ def recording(log: list[Statement], traces: list[Trace]) -> Iterator[None]:
     real_flush = os.fdatasync
 
     def flush(fd: int) -> None:
-        log.append(("flush", "", None, FLUSH[0]))
-        traces.append(FLUSH)
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(" (deleted)"):  # (else: a new
+            log.append(("flush", "", None, FLUSH[0]))                     # file, made of
+            traces.append(FLUSH)                                          # the image)
         real_flush(fd)
 
     sqlite3.connect = connect  # type: ignore[assignment]
@@ -161,6 +162,12 @@ class Replay:
 
 
 def replay_connection(path: Path, setup: list[Statement], trace: Any = None) -> Replay:
+    """A replay of ``setup`` on a new file at ``path``, made as the store makes one (of the
+    schema's image where it can, ``_make_from_image``): the store's opening statements then
+    find the file they found."""
+    from cogency.storage.sqlite import _make_from_image
+
+    _make_from_image(path)
     replay = Replay(path, trace)
     run(replay, setup)
     return replay

@@ -1,18 +1,24 @@
 """The squashed SQLite schema: a new database made in one step is exactly the one replaying every
 migration makes, the generated module is what its script writes today, and older databases
-still migrate step by step."""
+still migrate step by step. A new file is the image of that schema (``_sqlite_image``), made
+whole or not at all, never over a log left beside it."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import importlib.util
+import os
+import shutil
 import sqlite3
+import zlib
 from pathlib import Path
 
-from cogency import Agent
+from cogency import Agent, _time
 from cogency.storage import SQLiteStore
-from cogency.storage import _sqlite_schema
+from cogency.storage import _sqlite_image, _sqlite_schema
 from cogency.storage.base import MIGRATION_NAMES
-from cogency.storage.sqlite import migrate
+from cogency.storage.sqlite import PAGE_BYTES, migrate
 from cogency.testing import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +54,16 @@ def made(path: Path, *, replay: bool = False, upto: str | None = None) -> Path:
     return path
 
 
-def stamps(path: Path) -> list[tuple[str, str]]:
+def rows(path: Path, sql: str) -> list[tuple]:
     db = sqlite3.connect(path)
     try:
-        return db.execute("SELECT name, applied_at FROM schema_migrations ORDER BY name").fetchall()
+        return db.execute(sql).fetchall()
     finally:
         db.close()
+
+
+def stamps(path: Path) -> list[tuple[str, str]]:
+    return rows(path, "SELECT name, applied_at FROM schema_migrations ORDER BY name")
 
 
 def test_a_new_database_made_in_one_step_equals_every_migration_replayed(tmp_path):
@@ -117,3 +127,125 @@ def test_a_squashed_schema_not_regenerated_is_never_used(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert schema(path) == schema(made(tmp_path / "replayed.db", replay=True))
     assert len({stamp for _, stamp in stamps(path)}) == len(MIGRATION_NAMES)
+
+
+def image() -> bytes:
+    return zlib.decompress(base64.b64decode("".join(_sqlite_image.IMAGE)))
+
+
+def test_the_image_holds_what_every_migration_replayed_makes(tmp_path):
+    assert _sqlite_image.THROUGH == MIGRATION_NAMES[-1], (
+        f"src/cogency/storage/_sqlite_image.py is for other migrations: {REGENERATE}")
+    path = tmp_path / "image.db"
+    path.write_bytes(image())
+    assert schema(path) == schema(made(tmp_path / "replayed.db", replay=True)), REGENERATE
+    assert stamps(path) == sorted((name, "") for name in MIGRATION_NAMES)  # stamped when used
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA page_size").fetchone() == (PAGE_BYTES,)
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert db.execute("PRAGMA freelist_count").fetchone() == (0,)
+    finally:
+        db.close()
+
+
+async def test_a_new_file_is_the_image_flushed_once_then_stamped(tmp_path, monkeypatch):
+    flushed: list[str] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    path = tmp_path / "new.db"
+    before = _time.now()
+    store = SQLiteStore(path)
+    try:
+        agent = Agent(llm=ScriptedLLM([{"response": "Hello, Ada."}]), store=store)
+        assert (await agent.run("hello", user_id="ada")).response == "Hello, Ada."
+        # The turn is in the log; the file itself is still the image's bytes, made unnamed,
+        # flushed once, then named (no journal, no SQLite flush of its own to make it).
+        assert path.read_bytes() == image()
+        assert len(flushed) == 1 and flushed[0].endswith(" (deleted)")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["new.db", "new.db-shm",
+                                                              "new.db-wal"]
+    finally:
+        await store.close()
+    applied = dict(stamps(path))
+    assert sorted(applied) == sorted(MIGRATION_NAMES)
+    assert len(set(applied.values())) == 1
+    assert before <= _time.parse(applied[MIGRATION_NAMES[0]]) <= _time.now()
+    assert rows(path, "SELECT role, content FROM conversation_messages ORDER BY seq") == [
+        ("user", "hello"), ("assistant", "Hello, Ada.")]
+    assert schema(path) == schema(made(tmp_path / "replayed.db", replay=True))
+
+
+async def test_a_log_left_beside_a_missing_file_is_never_read_into_a_new_one(tmp_path):
+    # Another database's write-ahead log, left under the new file's name (its file deleted,
+    # the log not): the new file must not be made of the image, or SQLite would replay those
+    # pages over it. SQLite makes the file, and drops a log beside an empty file.
+    other = sqlite3.connect(tmp_path / "other.db", isolation_level=None)
+    try:
+        other.execute(f"PRAGMA page_size = {PAGE_BYTES}")
+        other.execute("PRAGMA journal_mode = WAL")
+        other.execute("PRAGMA wal_autocheckpoint = 0")
+        other.execute("CREATE TABLE stranger (secret TEXT)")
+        other.execute("INSERT INTO stranger VALUES ('not yours')")
+        shutil.copy(tmp_path / "other.db-wal", tmp_path / "new.db-wal")
+    finally:
+        other.close()
+    store = SQLiteStore(tmp_path / "new.db")
+    try:
+        agent = Agent(llm=ScriptedLLM([{"response": "hi"}]), store=store)
+        assert (await agent.run("hello", user_id="ada")).response == "hi"
+    finally:
+        await store.close()
+    assert schema(tmp_path / "new.db") == schema(made(tmp_path / "replayed.db", replay=True))
+    assert rows(tmp_path / "new.db", "PRAGMA integrity_check") == [("ok",)]
+
+
+async def test_stores_making_one_new_file_at_once_all_use_the_one_made(tmp_path):
+    path = tmp_path / "shared.db"
+    stores = [SQLiteStore(path) for _ in range(4)]
+    try:
+        agents = [Agent(llm=ScriptedLLM([{"response": f"hi {n}"}]), store=store)
+                  for n, store in enumerate(stores)]
+        results = await asyncio.gather(*(agent.run("hello", user_id=f"user{n}")
+                                         for n, agent in enumerate(agents)))
+        assert [result.response for result in results] == [f"hi {n}" for n in range(4)]
+    finally:
+        for store in stores:
+            await store.close()
+    assert rows(path, "SELECT COUNT(*) FROM conversation_messages") == [(8,)]
+    assert rows(path, "PRAGMA integrity_check") == [("ok",)]
+    assert len(set(dict(stamps(path)).values())) == 1  # made once
+
+
+async def test_without_unnamed_files_sqlite_makes_the_new_file(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "O_TMPFILE")  # (macOS, and file systems that lack them)
+    path = tmp_path / "new.db"
+    store = SQLiteStore(path)
+    try:
+        agent = Agent(llm=ScriptedLLM([{"response": "hi"}]), store=store)
+        assert (await agent.run("hello", user_id="ada")).response == "hi"
+    finally:
+        await store.close()
+    assert schema(path) == schema(made(tmp_path / "replayed.db", replay=True))
+    assert [name for name, _ in stamps(path)] == list(MIGRATION_NAMES)
+    assert "" not in dict(stamps(path)).values()
+
+
+async def test_an_image_not_regenerated_is_never_used(tmp_path, monkeypatch):
+    # A migration added without running the script: new files are made by SQLite (not wrong).
+    monkeypatch.setattr(_sqlite_image, "THROUGH", MIGRATION_NAMES[-2])
+    path = tmp_path / "new.db"
+    store = SQLiteStore(path)
+    try:
+        assert await store.list_tasks() == []  # opens, so makes the file
+        assert path.read_bytes()[:16] == b"SQLite format 3\x00"
+        assert path.read_bytes() != image()
+    finally:
+        await store.close()
+    assert schema(path) == schema(made(tmp_path / "replayed.db", replay=True))
