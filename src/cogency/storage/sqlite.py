@@ -498,11 +498,13 @@ def _make_from_image(path: Path) -> bool:
     """Make a new database file at ``path`` of the bytes of ``_sqlite_image`` (an empty
     database with the final schema, in write-ahead-log mode, at ``PAGE_BYTES``): making its 25
     tables and indexes, and SQLite's switch to the log with its four flushes, cost twice as
-    much (opening a new file: ~3.6 ms, ~1.9 from the image). True once the file is there, made so; False (SQLite then makes the file) when
-    anything is at ``path`` or beside it (a log left there must never be read as this file's),
-    when the image is for other migrations, or when this system cannot make a file
-    atomically (``O_TMPFILE``, Linux): the file appears whole, flushed, or not at all, so a
-    process opening the same path meanwhile sees no half-written file."""
+    much (opening a new file: ~3.6 ms, ~1.9 from the image).
+
+    True once the file is there, made so. False (SQLite then makes the file) when anything is
+    at ``path`` or beside it (a log left there must never be read as this file's), when the
+    image is for other migrations, or when this system cannot make a file atomically
+    (``O_TMPFILE``, Linux): the file appears whole, flushed, or not at all, so a process
+    opening the same path meanwhile sees no half-written file."""
     if (_sqlite_image.THROUGH != MIGRATION_NAMES[-1] or _sqlite_image.PAGE_BYTES != PAGE_BYTES
             or not hasattr(os, "O_TMPFILE")
             or any(os.path.lexists(f"{path}{end}") for end in ("", "-wal", "-journal", "-shm"))):
