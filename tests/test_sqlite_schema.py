@@ -130,7 +130,7 @@ def test_a_squashed_schema_not_regenerated_is_never_used(tmp_path, monkeypatch):
 
 
 def image() -> bytes:
-    return zlib.decompress(base64.b64decode("".join(_sqlite_image.IMAGE)))
+    return zlib.decompress(base64.b64decode(_sqlite_image.IMAGE))
 
 
 def test_the_image_holds_what_every_migration_replayed_makes(tmp_path):

@@ -519,7 +519,7 @@ def _make_from_image(path: Path) -> bool:
         os.close(folder)
         return False
     try:
-        image = memoryview(zlib.decompress(base64.b64decode("".join(_sqlite_image.IMAGE))))
+        image = memoryview(zlib.decompress(base64.b64decode(_sqlite_image.IMAGE)))
         while image:
             image = image[os.write(made, image):]
         os.fdatasync(made)
