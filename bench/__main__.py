@@ -800,6 +800,7 @@ python -m venv ~/.cache/cogency-bench-peers         # the peers' pins clash with
 ~/.cache/cogency-bench-peers/bin/python -m bench --quick    # a few minutes, prints the tables
 ~/.cache/cogency-bench-peers/bin/python -m bench --from-json run.json   # rewrite from results
 python -m bench.replay --synchronous full             # Cogency ÷ its SQL alone
+python -m bench.bench_flush                           # a flush, and its hand-off to the worker
 python -m bench.bench_service --clients-json 1,10     # the HTTP service alone
 python -m bench.instructions --against ../base/src    # instructions per turn (valgrind), A/B
 python -m bench.instructions --case served            # per served request, app in process

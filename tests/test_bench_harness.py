@@ -3,12 +3,15 @@ are not installed in CI), and the per-iteration assertions that keep every figur
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +228,48 @@ def test_instructions_per_served_request(case: str, said: str) -> None:
     [figure] = [float(line.split()[0]) for line in done.stdout.splitlines()
                 if line.split()[1:2] == ["M"]]
     assert 1 < figure < 50, done.stdout  # millions per request
+
+
+def test_flush_benchmark_times_each_way_and_flushes_where_it_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m bench.bench_flush`: every way of flushing and of handing the flush off is
+    measured, each flush really made (on the worker thread where it says so, none in the
+    worker's bare round trip), and nothing is left in the directory measured."""
+    from bench import bench_flush
+
+    real, flushed = os.fdatasync, []
+
+    def counted(fd: int) -> None:
+        flushed.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    ops = 7
+    for way in bench_flush.HAND_OFFS:
+        flushed.clear()
+        figures = asyncio.run(bench_flush.hand_offs(tmp_path / "log", way, ops, 1024))
+        assert figures["wall"] > 0 and set(figures) == {"wall", "user", "system", "switches"}
+        expected = {"inline": [threading.current_thread().name] * ops,
+                    "on the worker": ["bench-flush"] * ops}.get(way, [])
+        assert flushed == expected, way
+    monkeypatch.setattr(os, "fdatasync", real)
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_flush", "--rounds", "1", "--ops", "5",
+         "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert list(result["flush"]) == list(bench_flush.FLUSHES)
+    assert list(result["hand_off"]) == list(bench_flush.HAND_OFFS)
+    assert all(f["wall"] > 0 for f in [*result["flush"].values(), *result["hand_off"].values()])
+    assert "| over written blocks |" in done.stdout and "| on the worker |" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # its files and its temporary directory are gone
+
+    wrong = subprocess.run([sys.executable, "-m", "bench.bench_flush", "--dir",
+                            str(tmp_path / "missing")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "is not a directory" in wrong.stderr
+    assert "Traceback" not in wrong.stderr

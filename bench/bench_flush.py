@@ -1,0 +1,201 @@
+"""``python -m bench.bench_flush``: what the disk flush of a durable turn costs on this machine,
+and what handing it to the store's worker thread adds.
+
+At ``synchronous="full"`` a one-step turn is one flush of the write-ahead log, made on the
+store's worker thread so that the event loop never waits on the disk (``SQLiteStore``). These
+are the two parts of that wait the store does not choose, measured alone; ``python -m bench``
+measures whole turns.
+
+1. **The flush** (``os.fdatasync``) after writing what a turn adds to the log (``--kib``,
+   23 KiB by default), three ways:
+   - *appending*: at the end of a file that grows, as every flush of a new log is;
+   - *over written blocks*: over blocks written and flushed before, as in a log that was
+     started over after a checkpoint (``_checkpoint``'s ``RESTART``);
+   - *over reserved blocks*: over blocks reserved by ``posix_fallocate`` and never written.
+
+   Wall time and system CPU per flush.
+2. **The hand-off**, an event loop's coroutine that writes and waits for the flush:
+   - *inline*: the flush on the event loop (what the store never does: the loop would wait
+     on the disk);
+   - *on the worker*: on ``SQLiteStore``'s own worker thread, told back to the loop as the
+     store tells its callers;
+   - *the worker's round trip*, with no flush;
+   - *two threads handing a lock back and forth*: the floor under any hand-off between
+     threads, with no event loop.
+
+   Wall time, user and system CPU, and voluntary context switches, per operation.
+
+Every way runs in every round, in turn, so that a slow moment of the machine hits them all;
+figures are medians over the rounds.
+
+    python -m bench.bench_flush                 # about 15 s; a table, then one JSON line
+    python -m bench.bench_flush --dir /var/lib/app --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cogency.storage.sqlite import _settle_soon, _Worker
+
+FLUSHES = ("appending", "over written blocks", "over reserved blocks")
+HAND_OFFS = ("inline", "on the worker", "the worker's round trip", "two threads, a lock")
+
+
+def _usage() -> tuple[float, float, int]:
+    used = resource.getrusage(resource.RUSAGE_SELF)  # every thread of the process
+    return used.ru_utime, used.ru_stime, used.ru_nvcsw
+
+
+def flushes(path: Path, way: str, ops: int, size: int) -> dict[str, float]:
+    """``ops`` writes of ``size`` bytes one after another, each flushed; the median flush."""
+    data = os.urandom(size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        if way == "over written blocks":
+            os.pwrite(fd, bytes(ops * size), 0)
+            os.fdatasync(fd)
+        elif way == "over reserved blocks":
+            os.posix_fallocate(fd, 0, ops * size)
+            os.fdatasync(fd)
+        times: list[float] = []
+        _, system, _ = _usage()
+        for op in range(ops):
+            os.pwrite(fd, data, op * size)
+            began = time.perf_counter()
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - began)
+        system = _usage()[1] - system
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"wall": statistics.median(times), "system": system / ops}
+
+
+async def hand_offs(path: Path, way: str, ops: int, size: int) -> dict[str, float]:
+    """``ops`` operations of one way (see the module's docstring), per operation."""
+    data = os.urandom(size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    worker = _Worker("bench-flush")
+    loop = asyncio.get_running_loop()
+    try:
+        def job(told: asyncio.Future[None], flush: bool) -> Callable[[], None]:
+            def run() -> None:
+                if flush:
+                    os.fdatasync(fd)
+                _settle_soon(told, None, None)
+            return run
+
+        if way == "two threads, a lock":
+            return await asyncio.to_thread(_ping_pong, ops)
+        user, system, switches = _usage()
+        began = time.perf_counter()
+        for op in range(ops):
+            os.pwrite(fd, data, op * size)
+            if way == "inline":
+                os.fdatasync(fd)
+                continue
+            told: asyncio.Future[None] = loop.create_future()
+            worker.post(job(told, flush=way == "on the worker"))
+            await told
+        wall = time.perf_counter() - began
+        after = _usage()
+    finally:
+        worker.stop()
+        os.close(fd)
+        path.unlink()
+    return {"wall": wall / ops, "user": (after[0] - user) / ops,
+            "system": (after[1] - system) / ops, "switches": (after[2] - switches) / ops}
+
+
+def _ping_pong(ops: int) -> dict[str, float]:
+    """This thread and another hand a lock back and forth ``ops`` times."""
+    there, back = threading.Lock(), threading.Lock()
+    there.acquire()
+    back.acquire()
+
+    def other() -> None:
+        for _ in range(ops):
+            there.acquire()
+            back.release()
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    user, system, switches = _usage()
+    began = time.perf_counter()
+    for _ in range(ops):
+        there.release()
+        back.acquire()
+    wall = time.perf_counter() - began
+    after = _usage()
+    thread.join()
+    return {"wall": wall / ops, "user": (after[0] - user) / ops,
+            "system": (after[1] - system) / ops, "switches": (after[2] - switches) / ops}
+
+
+def measure(directory: Path, rounds: int, ops: int, size: int) -> dict[str, Any]:
+    path = directory / "bench-flush.log"
+    flush: dict[str, list[dict[str, float]]] = {way: [] for way in FLUSHES}
+    hand: dict[str, list[dict[str, float]]] = {way: [] for way in HAND_OFFS}
+    for _ in range(rounds):
+        for way in FLUSHES:
+            flush[way].append(flushes(path, way, ops, size))
+        for way in HAND_OFFS:
+            hand[way].append(asyncio.run(hand_offs(path, way, ops, size)))
+
+    def medians(samples: list[dict[str, float]]) -> dict[str, float]:
+        return {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+
+    return {"case": "flush", "directory": str(directory), "rounds": rounds, "ops": ops,
+            "bytes": size, "flush": {way: medians(s) for way, s in flush.items()},
+            "hand_off": {way: medians(s) for way, s in hand.items()}}
+
+
+def table(result: dict[str, Any]) -> str:
+    us = lambda seconds: f"{seconds * 1e6:.0f}"  # noqa: E731
+    lines = [f"The flush after writing {result['bytes'] // 1024} KiB (medians of "
+             f"{result['rounds']} rounds of {result['ops']}), in {result['directory']}:", "",
+             "| way | wall (µs) | system CPU (µs) |", "|---|---:|---:|"]
+    for way, figures in result["flush"].items():
+        lines.append(f"| {way} | {us(figures['wall'])} | {us(figures['system'])} |")
+    lines += ["", "The hand-off, per operation (a write, then the flush or none):", "",
+              "| way | wall (µs) | user CPU (µs) | system CPU (µs) | voluntary switches |",
+              "|---|---:|---:|---:|---:|"]
+    for way, figures in result["hand_off"].items():
+        lines.append(f"| {way} | {us(figures['wall'])} | {us(figures['user'])} | "
+                     f"{us(figures['system'])} | {figures['switches']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_flush", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="the directory whose disk is measured (default: a temporary one)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ops", type=int, default=300, help="operations per way and round")
+    parser.add_argument("--kib", type=int, default=23, help="KiB written before each flush")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.ops < 1 or args.kib < 1:
+        parser.error("--rounds, --ops and --kib must be positive")
+    if args.dir is not None and not args.dir.is_dir():
+        parser.error(f"--dir {str(args.dir)!r} is not a directory")
+    with tempfile.TemporaryDirectory(prefix="bench-flush-", dir=args.dir) as directory:
+        result = measure(Path(directory), args.rounds, args.ops, args.kib * 1024)
+    print(table(result))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
