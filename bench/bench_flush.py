@@ -28,7 +28,7 @@ measures whole turns.
 Every way runs in every round, in turn, so that a slow moment of the machine hits them all;
 figures are medians over the rounds.
 
-    python -m bench.bench_flush                 # about 15 s; a table, then one JSON line
+    python -m bench.bench_flush                 # a few seconds; a table, then one JSON line
     python -m bench.bench_flush --dir /var/lib/app --rounds 9
 """
 
