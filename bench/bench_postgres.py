@@ -211,7 +211,10 @@ async def round_trips(dsn: str, turns: int = 3, *, memory: bool = False) -> dict
         return original_read(self)
 
     phases: dict[str, int] = {}
-    store = PostgresStore(dsn)
+    # One connection: the turns all go over the one whose statements the warm-up turns
+    # prepared (with more, the counted turn could take one that only learning used, and
+    # count preparing its statements; a server's long-lived connections are all warm).
+    store = PostgresStore(dsn, max_size=1)
     names = ["begin_task", "load_messages", "save", "claim_task", "release_task"]
     if memory:
         names.append("load_profile")
