@@ -552,3 +552,90 @@ async def test_every_window_matches_the_rows_whatever_three_stores_do(
     finally:
         for store in stores[1:]:
             await store.close()
+
+async def test_processes_that_start_on_a_conversation_far_below_its_window_rarely_count_it(
+    any_store: Any, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that starts on a conversation whose stored upper bounds exceed the history
+    window counts the window exactly, which loads the encoding (~0.12 s and ~20 MiB), and
+    stores the exact counts in place of the bounds. The processes after it then start without
+    loading it, until the bounds of the newer messages exceed the window again. Each turn
+    here is a fresh process (no encoding, a new store), through ``Agent.run``; the model is
+    sent the whole conversation every time (counted exactly, it is far below the window), and
+    a stored count is only ever the message's exact count or its upper bound."""
+    import cogency.tokens as tokens
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    real_load, loads = tokens._load, []
+    turn = 0
+
+    def load() -> Any:
+        loads.append(turn)
+        return real_load()
+
+    monkeypatch.setattr(tokens, "_load", load)
+    words = "ledger harbor quartz meadow signal copper lantern orbit pepper canyon".split()
+
+    def text(n: int) -> str:  # ~270 characters, ~45 tokens: the bound is ~6 times the count
+        return " ".join(words[(n * 7 + i * 3) % 10] for i in range(40))
+
+    conversation = None
+    for turn in range(1, 31):
+        monkeypatch.setattr(tokens, "_loaded", [])  # a fresh process: no encoding loaded
+        store = (SQLiteStore(any_store.path) if isinstance(any_store, SQLiteStore)
+                 else type(any_store)(any_store.dsn))  # a new store: no window cached
+        llm = ScriptedLLM([{"response": f"answer {turn}: {text(turn + 1)}"}])
+        try:
+            async with Agent(llm, store=store) as agent:
+                result = await agent.run(f"turn {turn}: {text(turn)}", "alice", conversation)
+        finally:
+            await store.close()
+        conversation = result.conversation_id
+        assert result.response == f"answer {turn}: {text(turn + 1)}"
+        sent = llm.calls[-1][1:]  # after the system message: the whole conversation
+        assert [m["content"] for m in sent][-1] == f"turn {turn}: {text(turn)}"
+        assert len(sent) == 2 * turn - 1, turn
+    # Without the exact counts stored, every process from the first count on counts again:
+    # 16 loads in these 30 turns.
+    assert loads and len(loads) <= 3, loads
+    rows = await raw("SELECT content, tokens FROM conversation_messages "
+                     "WHERE conversation_id = ? ORDER BY seq", conversation)
+    monkeypatch.setattr(tokens, "_loaded", [real_load()])
+    exact = [tokens.count_tokens(content) for content, _ in rows]
+    bound = [tokens.most_tokens(content) for content, _ in rows]
+    assert all(stored in (e, b) for (_, stored), e, b in zip(rows, exact, bound))
+    # Every message the last count saw holds its exact count: those before it, at least.
+    assert all(stored == e for (_, stored), e in zip(rows[: 2 * loads[-1] - 2], exact))
+    assert sum(1 for (_, stored), e in zip(rows, exact) if stored == e) >= 2 * loads[-1] - 2
+
+
+async def test_a_window_a_running_store_counts_exactly_stores_its_exact_counts(
+    any_store: Any, raw: Any, tokenizer_unloaded: Any
+) -> None:
+    """The same in one process that runs on: once the newest message takes its window's
+    upper bounds over the budget, the window is counted exactly and those counts are stored
+    (a process started after it reads them, and need not count)."""
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+    from cogency.tokens import loaded, most_tokens
+
+    exact = tokenizer_unloaded
+    text = " ".join(["ledger harbor quartz meadow signal copper lantern orbit"] * 5)
+    llm = ScriptedLLM([{"response": f"answer {n}: {text}"} for n in range(1, 21)])
+    conversation = None
+    async with Agent(llm, store=any_store) as agent:
+        for turn in range(1, 21):
+            result = await agent.run(f"turn {turn}: {text}", "alice", conversation)
+            conversation = result.conversation_id
+            if loaded():
+                break
+    assert loaded() and turn < 20  # the bounds went over the window: it was counted
+    rows = await raw("SELECT content, tokens FROM conversation_messages "
+                     "WHERE conversation_id = ? ORDER BY seq", conversation)
+    assert len(rows) == 2 * turn
+    held = [(tokens, exact(content), most_tokens(content)) for content, tokens in rows]
+    assert all(stored in (e, b) for stored, e, b in held)
+    # All but this turn's query (stored as a bound before the count) and its answer (its
+    # count exact when it was stored): counted in place.
+    assert [stored == e for stored, e, _ in held[:-2]] == [True] * (2 * turn - 2)

@@ -16,12 +16,12 @@ holds the newest messages that fit by their exact counts.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from itertools import chain
 from typing import Any
 
 from .._history import History, exactly
-from ..tokens import is_estimate
+from ..tokens import is_estimate, loaded
 
 
 class Newest:
@@ -102,6 +102,41 @@ class Window:
         messages = old.after(min(drop, len(old)))
         messages.extend(fresh[max(drop - len(old), 0):])
         return Window(self.budget, messages, used, last_seq, last_stamp)
+
+
+def counts_held(window: Window, fresh: list[dict[str, Any]]) -> dict[int, int]:
+    """``seq`` -> ``tokens`` as held, of the messages that ``window.advanced(fresh, …)`` may
+    count again (for :func:`recounted`): none unless ``fresh`` takes the window over its
+    budget (the one case in which advancing counts anything)."""
+    if window.used + sum(message["tokens"] for message in fresh) <= window.budget:
+        return {}
+    return {message["seq"]: message["tokens"] for message in chain(window.messages, fresh)}
+
+
+def recounted(stored: Mapping[int, int], window: Window) -> list[tuple[int, int, int]]:
+    """``(seq, exact count, count as stored)`` of the messages of ``window`` that were read
+    (``stored``: each one's ``seq`` and its ``tokens`` as stored) with an upper bound of their
+    tokens, and that the window counted exactly: what a store writes back, so that the next
+    process to read them need not count them again (which loads the encoding: ~0.12 s and
+    20-26 MiB, in every process that starts on a conversation whose bounds exceed its
+    window, however far below it the conversation is).
+
+    Looked up by ``seq`` (a window is a run of consecutive messages): it costs a look per
+    message read, none while the encoding was never loaded (nothing was counted)."""
+    messages = window.messages
+    if not stored or not messages or not loaded():
+        return []
+    first = messages[0].get("seq")
+    if not isinstance(first, int):
+        return []
+    found = []
+    for seq, tokens in stored.items():
+        at = seq - first
+        if 0 <= at < len(messages):
+            message = messages[at]
+            if message.get("seq") == seq and message["tokens"] != tokens:
+                found.append((seq, message["tokens"], tokens))
+    return found
 
 
 class Windows:

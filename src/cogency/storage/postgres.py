@@ -52,7 +52,7 @@ from ..errors import (
 from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
 from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, process_of
-from ._window import Newest, Window, Windows
+from ._window import Newest, Window, Windows, counts_held, recounted
 from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
@@ -1298,16 +1298,23 @@ class PostgresStore:
         if task.runner is not None:
             self._leases.hold_task(task.task_id, task.runner, 1, task.conversation_id)
         if history_tokens is not None:
-            recent = self._windows.update(
+            recent, counts = self._windows.update(
                 task.conversation_id, history_tokens, cached, rows, messages
             )
             if recent is None:
-                recent = self._windows.loaded(
+                recent, counts = self._windows.loaded(
                     task.conversation_id, history_tokens,
                     await self.load_messages(task.conversation_id, task.user_id,
                                              token_budget=history_tokens),
                 )
             conversation.recent = recent
+            if counts:  # rare: a statement of its own, once per window counted exactly
+                seqs, exact, bounds = (list(column) for column in zip(*counts))
+                await self._use(
+                    "storing messages' exact token counts",
+                    lambda db: db.fetch(_RECOUNTED, task.conversation_id, seqs, exact, bounds),
+                    user=task.user_id, transaction=False, idempotent=True,
+                )
         return conversation
 
     async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
@@ -1712,9 +1719,10 @@ class _Windows(Windows):
         cached: Window | None,
         rows: Sequence[Any],
         added: Sequence[dict[str, Any]],
-    ) -> History | None:
+    ) -> tuple[History | None, list[tuple[int, int, int]]]:
         """The window after ``begin_task`` stored ``added``, from the cached one and the newer
-        ``rows``; ``None`` when it cannot be told from them (read it afresh)."""
+        ``rows``; ``None`` when it cannot be told from them (read it afresh). With it, the
+        exact counts to store in place of bounds (``recounted``)."""
         newer = sorted((_message(tuple(row)[1:8]) for row in rows if row["kind"] == 1),
                        key=lambda message: -message["seq"])  # newest first
         stamp = next((row["created_at"] for row in rows if row["kind"] == 2), None)
@@ -1728,25 +1736,30 @@ class _Windows(Windows):
             # A writer committed between this statement's snapshot and its append, the
             # conversation was made again, or more is new than one page: read it afresh.
             self.drop(conversation_id)
-            return None
+            return None, []
         last_seq, last_stamp = (
             (fresh[-1]["seq"], fresh[-1].get("created_at") or "") if fresh else (0, ""))
         if cached is not None:
+            stored = counts_held(cached, fresh) if fresh else {}
             entry = cached.advanced(fresh, last_seq, last_stamp) if fresh else cached
         else:
             entry = Window.newest(budget, reversed(fresh), last_seq, last_stamp)
             if len(entry.messages) == len(fresh) and len(newer) >= _MESSAGE_BATCH:
-                return None  # older messages may still fit: the caller reads them
-        return self.put(conversation_id, entry)
+                return None, []  # older messages may still fit: the caller reads them
+            stored = {message["seq"]: message["tokens"] for message in fresh}
+        return self.put(conversation_id, entry), recounted(stored, entry)
 
     def loaded(self, conversation_id: str, budget: int, messages: list[dict[str, Any]]
-               ) -> History:
-        """Keep the window ``load_messages`` read (``messages``, oldest first)."""
+               ) -> tuple[History, list[tuple[int, int, int]]]:
+        """Keep the window ``load_messages`` read (``messages``, oldest first); with it, the
+        exact counts to store in place of bounds (``recounted``)."""
         if not messages:  # not even the newest fits: nothing to validate a cache with
-            return History()
+            return History(), []
         newest = messages[-1]
-        return self.put(conversation_id, Window.newest(
-            budget, reversed(messages), newest["seq"], newest.get("created_at") or ""))
+        stored = {message["seq"]: message["tokens"] for message in messages}
+        entry = Window.newest(budget, reversed(messages), newest["seq"],
+                              newest.get("created_at") or "")
+        return self.put(conversation_id, entry), recounted(stored, entry)
 
 
 
@@ -1855,6 +1868,10 @@ _HOLD = _Sql(
     "started_at = excluded.started_at WHERE r.runner IS NULL OR r.runner = $4::text "
     "OR r.lease_until IS NULL OR r.lease_until <= now() RETURNING r.epoch)",
 )
+_RECOUNTED = _Sql(  # messages' exact counts in place of the upper bounds they were stored with
+    "UPDATE conversation_messages m SET tokens = c.tokens "
+    "FROM unnest($2::int[], $3::int[], $4::int[]) AS c(seq, tokens, bound) "
+    "WHERE m.conversation_id = $1 AND m.seq = c.seq AND m.tokens = c.bound RETURNING m.seq")
 _RELEASE_HOLD = _Sql(
     "UPDATE conversation_runs SET runner = NULL, lease_until = NULL "
     "WHERE conversation_id = $1 AND runner = $2 RETURNING 1 AS released")

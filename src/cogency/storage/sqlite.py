@@ -12,7 +12,7 @@ import sqlite3
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
 from datetime import datetime, timedelta
@@ -35,7 +35,7 @@ from ..memory.entries import ProfileBook, ProfileEntry
 from ..memory.profile import Profile
 from . import _sqlite_image, _sqlite_schema
 from ._lease import LEASE_SECONDS, Held, Leases, hold_lost, process_of
-from ._window import Newest, Window, Windows
+from ._window import Newest, Window, Windows, counts_held, recounted
 from .base import (
     ENTRY_COLUMNS,
     ENTRY_UPDATE,
@@ -2277,6 +2277,10 @@ _SELECT_MESSAGES = (
     "SELECT seq, role, content, task_id, tokens, created_at, message_id "
     "FROM conversation_messages WHERE conversation_id = ?"
 )
+_RECOUNTED = (  # a message's exact count in place of the upper bound it was stored with
+    "UPDATE conversation_messages SET tokens = ? WHERE conversation_id = ? AND seq = ? "
+    "AND tokens = ?"
+)
 
 
 def _message(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -2337,13 +2341,19 @@ class _Windows(Windows):
         key = record.conversation_id
         entry = self.get(key, budget)
         known = [*self._tails.pop(key, ()), *appended]
+        stored: dict[int, int] = {}  # seq -> tokens as stored, of the messages read here
         if entry is None or not _still_valid(db, record, entry, seen):
             rows = db.execute(_SELECT_MESSAGES + " ORDER BY seq DESC", (key,))
             messages = [_message(row) for row in rows.fetchmany(1)]
             last_seq, last_stamp = (
                 (messages[0]["seq"], messages[0]["created_at"]) if messages else (0, ""))
-            entry = Window.newest(budget, chain(messages, map(_message, rows)), last_seq,
-                                  last_stamp)
+
+            def read() -> Iterator[dict[str, Any]]:
+                for message in chain(messages, map(_message, rows)):
+                    stored[message["seq"]] = message["tokens"]
+                    yield message
+
+            entry = Window.newest(budget, read(), last_seq, last_stamp)
         elif record.message_count > entry.last_seq:
             if (known and known[0]["seq"] == entry.last_seq + 1
                     and known[-1]["seq"] == record.message_count
@@ -2357,7 +2367,11 @@ class _Windows(Windows):
                     )
                 ]
             if fresh:
+                stored = counts_held(entry, fresh)
                 entry = entry.advanced(fresh, fresh[-1]["seq"], fresh[-1]["created_at"])
+        counts = recounted(stored, entry)
+        if counts and db.in_transaction:  # (begin_task's write: a read stores nothing)
+            db.executemany(_RECOUNTED, [(exact, key, seq, bound) for seq, exact, bound in counts])
         return self.put(key, entry)
 
 
