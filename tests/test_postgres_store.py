@@ -349,3 +349,43 @@ async def test_idle_connections_killed_by_a_server_restart_are_replaced(pg, obse
     assert await observer.fetchval("SELECT content FROM conversation_messages") == (
         "after the restart"
     )
+
+
+async def test_storing_exact_token_counts_that_fails_leaves_the_bounds_and_the_turn_goes_on(
+    pg: Any, observer: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Storing a counted window's exact counts is a statement of its own after the task began:
+    when it fails (here, as if its lock wait timed out), the task goes on, the bounds stay as
+    stored (true, if loose), and the log says why."""
+    import cogency.tokens as tokens
+    from cogency import Agent
+    from cogency.errors import StoreLockedError
+    from cogency.testing import ScriptedLLM
+
+    text = " ".join(["ledger harbor quartz meadow signal copper lantern orbit"] * 5)
+    monkeypatch.setattr(tokens, "_loaded", [])
+    real_use = pg._use
+
+    async def use(operation: str, *args: Any, **options: Any) -> Any:
+        if operation == "storing messages' exact token counts":
+            raise StoreLockedError("a lock wait timed out (injected)")
+        return await real_use(operation, *args, **options)
+
+    monkeypatch.setattr(pg, "_use", use)
+    llm = ScriptedLLM([{"response": f"answer {n}: {text}"} for n in range(1, 21)])
+    conversation = None
+    with caplog.at_level("WARNING", logger="cogency.storage"):
+        async with Agent(llm, store=pg) as agent:
+            for turn in range(1, 21):
+                result = await agent.run(f"turn {turn}: {text}", "alice", conversation)
+                assert result.response == f"answer {turn}: {text}"
+                conversation = result.conversation_id
+                if tokens.loaded():
+                    break
+    assert tokens.loaded() and turn < 20
+    assert "storing exact token counts failed" in caplog.text and "injected" in caplog.text
+    stored = await observer.fetch(
+        "SELECT content, tokens FROM conversation_messages WHERE conversation_id = $1 "
+        "AND role = 'user' ORDER BY seq", conversation)
+    assert [row["tokens"] for row in stored][:-1] == [
+        tokens.most_tokens(row["content"]) for row in stored][:-1]  # the bounds, unchanged

@@ -1310,11 +1310,17 @@ class PostgresStore:
             conversation.recent = recent
             if counts:  # rare: a statement of its own, once per window counted exactly
                 seqs, exact, bounds = (list(column) for column in zip(*counts))
-                await self._use(
-                    "storing messages' exact token counts",
-                    lambda db: db.fetch(_RECOUNTED, task.conversation_id, seqs, exact, bounds),
-                    user=task.user_id, transaction=False, idempotent=True,
-                )
+                try:
+                    await self._use(
+                        "storing messages' exact token counts",
+                        lambda db: db.fetch(_RECOUNTED, task.conversation_id, seqs, exact,
+                                            bounds),
+                        user=task.user_id, transaction=False, idempotent=True,
+                    )
+                except StorageError as exc:
+                    # The bounds stay, as true as before; the task goes on, and a later start
+                    # counts the window again.
+                    log.warning("storing exact token counts failed: %s", exc)
         return conversation
 
     async def load_task_messages(self, task_id: str, user_id: str) -> list[dict[str, Any]]:
