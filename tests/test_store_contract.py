@@ -553,6 +553,7 @@ async def test_every_window_matches_the_rows_whatever_three_stores_do(
         for store in stores[1:]:
             await store.close()
 
+
 async def test_processes_that_start_on_a_conversation_far_below_its_window_rarely_count_it(
     any_store: Any, raw: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -607,7 +608,6 @@ async def test_processes_that_start_on_a_conversation_far_below_its_window_rarel
     assert all(stored in (e, b) for (_, stored), e, b in zip(rows, exact, bound))
     # Every message the last count saw holds its exact count: those before it, at least.
     assert all(stored == e for (_, stored), e in zip(rows[: 2 * loads[-1] - 2], exact))
-    assert sum(1 for (_, stored), e in zip(rows, exact) if stored == e) >= 2 * loads[-1] - 2
 
 
 async def test_a_window_a_running_store_counts_exactly_stores_its_exact_counts(
