@@ -70,11 +70,13 @@ class Plan:
     replay_turns: int = 60
     service: tuple[int, int] = (10, 10)
     """HTTP service against Agent.run: rounds, and runs per client in each round."""
+    flush: tuple[int, int] = (5, 300)
+    """``bench.bench_flush``: rounds, and operations per way in each."""
 
 
 FULL = Plan(11, (300, 30), (10, 2), (200, 20), (200, 20), (12, 2), 25, 1000, False)
 QUICK = Plan(2, (50, 5), (3, 1), (20, 3), (20, 3), (3, 1), 25, 100, True, first=1,
-             fsync_turns=(2, 6), replay_turns=12, service=(1, 3))
+             fsync_turns=(2, 6), replay_turns=12, service=(1, 3), flush=(1, 20))
 SETTINGS = ("full", "normal")
 """Every durable case runs at both, each framework's connections set alike (read back)."""
 
@@ -211,6 +213,9 @@ def run_all(names: list[str], plan: Plan, log: Any) -> dict[str, dict[str, Any]]
                 ["-m", "bench.bench_service", "--clients-json", "1,10", "--rounds",
                  str(plan.service[0]), "--per-round", str(plan.service[1]), "--synchronous",
                  setting], log)
+        results["cogency"]["flush"] = run_json(
+            ["-m", "bench.bench_flush", "--rounds", str(plan.flush[0]), "--ops",
+             str(plan.flush[1])], log)
     return results
 
 
@@ -599,6 +604,27 @@ def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
                     f"{f['direct']['p99']:.2f} | {f['http']['p50']:.2f} | {f['http']['p99']:.2f}"
                     f" | **{f['overhead']['p50']:+.2f}** | {f['overhead']['p99']:+.2f} | "
                     f"{bare} | {f['http']['n']} |")
+        lines.append("")
+    flush = cases.get("flush")
+    if flush:
+        lines += _section(
+            "What a FULL turn's flush costs here",
+            f"`python -m bench.bench_flush`: `fdatasync` after writing "
+            f"{flush['bytes'] // 1024} KiB (what a turn adds to the log), in the system's "
+            f"temporary directory; medians of {flush['rounds']} rounds of {flush['ops']}. "
+            "Cogency's FULL turn is one flush of a log that grows (*appending*; a log started "
+            "over after a checkpoint is written *over written blocks*), handed to the store's "
+            "worker thread, since the event loop never waits on the disk. Microseconds.",
+            ["the flush", "wall", "system CPU"])
+        for way, f in flush["flush"].items():
+            lines.append(f"| {way} | {f['wall'] * 1e6:.0f} | {f['system'] * 1e6:.0f} |")
+        lines += ["", "Each way a write, then the flush (or none), per operation; *inline* "
+                  "is what the store never does:", "",
+                  "| the hand-off | wall | user CPU | system CPU | voluntary switches |",
+                  "|---|---:|---:|---:|---:|"]
+        for way, f in flush["hand_off"].items():
+            lines.append(f"| {way} | {f['wall'] * 1e6:.0f} | {f['user'] * 1e6:.0f} | "
+                         f"{f['system'] * 1e6:.0f} | {f['switches']:.1f} |")
         lines.append("")
     return "\n".join(lines)
 

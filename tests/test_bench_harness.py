@@ -37,7 +37,7 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
     results = data["results"]["cogency"]
     expected = {"import", "construct", "construct_mem", "one_step", "tool_call", "long",
                 "durable@full", "durable@normal", "first@full", "first@normal",
-                "replay@full", "replay@normal", "service@full", "service@normal"}
+                "replay@full", "replay@normal", "service@full", "service@normal", "flush"}
     if shutil.which("strace"):
         expected |= {"fsync@full", "fsync@normal"}
     assert set(results) == expected
@@ -77,6 +77,7 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
     assert "| NORMAL: per-turn time at turn 10 (ms) |" in text
     assert "| **FULL**: durable 25-turn conversation, per turn (ms) |" in text
     assert "### Cogency ÷ its own SQL" in text and "### `cogency serve` over HTTP" in text
+    assert "### What a FULL turn's flush costs here" in text and "| on the worker |" in text
     assert "bare HTTP p50" in text and "round trip to a bare HTTP server" in text
     assert "## Goals" in text and "Cold import faster than every peer" not in text  # no peers
     assert "Database size ≤ 2 × the raw text" in text
