@@ -106,11 +106,16 @@ class Window:
 
 def counts_held(window: Window, fresh: list[dict[str, Any]]) -> dict[int, int]:
     """``seq`` -> ``tokens`` as held, of the messages that ``window.advanced(fresh, …)`` may
-    count again (for :func:`recounted`): none unless ``fresh`` takes the window over its
-    budget (the one case in which advancing counts anything)."""
+    count again (for :func:`recounted`). Advancing counts only when ``fresh`` takes the window
+    over its budget, and then only what carries a bound: the whole window if it holds one
+    (it is chosen again), else the fresh messages that do. A full window of exact counts (a
+    long conversation's every turn) costs a look at the fresh messages alone."""
     if window.used + sum(message["tokens"] for message in fresh) <= window.budget:
         return {}
-    return {message["seq"]: message["tokens"] for message in chain(window.messages, fresh)}
+    if window.messages.estimated:
+        return {message["seq"]: message["tokens"] for message in chain(window.messages, fresh)}
+    return {message["seq"]: message["tokens"] for message in fresh
+            if is_estimate(message["content"], message["tokens"])}
 
 
 def recounted(stored: Mapping[int, int], window: Window) -> list[tuple[int, int, int]]:
