@@ -15,10 +15,10 @@ measures whole turns.
 
    Wall time and system CPU per flush.
 2. **The hand-off**, an event loop's coroutine that writes and waits for the flush:
-   - *inline*: the flush on the event loop (what the store never does: the loop would wait
-     on the disk);
+   - *inline*: the flush on the event loop (a lone run's, while the disk is fast: the loop
+     waits on the disk, and wakes no thread);
    - *on the worker*: on ``SQLiteStore``'s own worker thread, told back to the loop as the
-     store tells its callers;
+     store tells its callers (a run's among others, or on a slow disk);
    - *the worker's round trip*, with no flush;
    - *two threads handing a lock back and forth*: the floor under any hand-off between
      threads, with no event loop.

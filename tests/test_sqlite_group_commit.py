@@ -1,8 +1,10 @@
 """At ``synchronous="full"``, a write that records an outcome is committed without a flush
-and its caller told once a flush of the log, on the store's worker thread, made it durable
-(``SQLiteStore._owe_flush``): the event loop never waits on the disk, and commits that owe a
-flush while one waits to begin share it. Each write keeps its own outcome: one that fails
-raises to its own caller alone.
+and its caller told once a flush of the log made it durable. The event loop flushes itself
+only while the store has nothing else under way and its flushes are fast
+(``SQLiteStore._flush_here``); else the flush is the worker thread's
+(``SQLiteStore._owe_flush``), the loop goes on, and commits that owe a flush while one waits
+to begin share it. Each write keeps its own outcome: one that fails raises to its own caller
+alone.
 
 These tests count and hold the store's own flushes in this process: the store calls
 ``os.fdatasync`` for them (SQLite's own, for checkpoints, are C calls this does not see).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import sqlite3
 import threading
@@ -26,6 +29,7 @@ import pytest
 from cogency import Agent
 from cogency.errors import ConflictError, StorageError
 from cogency.storage import SQLiteStore
+from cogency.storage import sqlite as backend
 from cogency.storage.base import SaveBatch, TaskRecord
 from cogency.testing import ScriptedLLM
 
@@ -42,9 +46,11 @@ def rows(path: str, sql: str, *params: object) -> list[tuple]:
 
 class Flushes:
     """``os.fdatasync`` of a log counted, with the thread each ran on; ``hold()`` makes the
-    next ones wait until ``release()``; ``fail()`` makes the next one fail as a disk would.
-    (The one flush of a new file made of the schema's image, before it is named, is not
-    counted: ``test_sqlite_schema.py`` counts it.)"""
+    next ones wait until ``release()``; ``fail()`` makes the next one fail as a disk would;
+    while ``slow``, each takes 10 ms by the clock the store times its flushes with (a clock of
+    this test's: the others take no time by it, however busy the machine). (The one flush of a
+    new file made of the schema's image, before it is named, is not counted:
+    ``test_sqlite_schema.py`` counts it.)"""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.real = os.fdatasync
@@ -54,7 +60,10 @@ class Flushes:
         self.free = threading.Event()
         self.free.set()
         self.failing = False
+        self.slow = False
+        self.now = 0.0
         monkeypatch.setattr(os, "fdatasync", self)
+        monkeypatch.setattr(backend, "_clock", lambda: self.now)
 
     def __call__(self, fd: int) -> None:
         name = os.readlink(f"/proc/self/fd/{fd}")
@@ -68,6 +77,8 @@ class Flushes:
             self.failing = False
             raise OSError(errno.EIO, "Input/output error")
         self.real(fd)
+        if self.slow:
+            self.now += 0.010
 
     def hold(self) -> None:
         self.entered.clear()
@@ -150,7 +161,9 @@ async def _answered(tmp_path: Path, *answers: str) -> tuple[Agent, SQLiteStore, 
 async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     flushes = Flushes(monkeypatch)
-    agent, store, conversation = await _answered(tmp_path, "first", "second")
+    agent, store, conversation = await _answered(tmp_path, "first", "slow", "second")
+    flushes.slow = True  # a slow flush: the next ones are the worker's
+    assert (await agent.run("slow", "ann", conversation)).response == "slow"
     flushes.hold()
     run = asyncio.create_task(agent.run("two", "ann", conversation))
     for _ in range(3000):  # the completion committed, its flush begun
@@ -168,7 +181,73 @@ async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
                 "= ? ORDER BY seq", conversation)[-1] == ("second",)
     flushes.release()
     assert (await asyncio.wait_for(run, 30)).response == "second"
-    assert flushes.threads and set(flushes.threads) == {"cogency-sqlite"}
+    assert flushes.threads[-1] == "cogency-sqlite"
+    await agent.close()
+    await store.close()
+
+
+async def test_the_loop_flushes_itself_while_the_disk_is_fast_and_waits_on_a_slow_one_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A flush on the loop wakes no thread: a lone turn's answer is told sooner. A slow disk
+    # holds the loop for one flush; the worker makes the next ones until as many in a row
+    # were fast as the back-off asks, which doubles each time the loop waited for one.
+    flushes = Flushes(monkeypatch)
+    store = SQLiteStore(tmp_path / "agent.db", synchronous="full")
+    agent = Agent(ScriptedLLM(itertools.repeat({"response": "ok"})), store=store)
+    loop, worker = threading.current_thread().name, "cogency-sqlite"
+    conversation: str | None = None
+
+    async def turns(count: int) -> list[str]:
+        nonlocal conversation
+        before = len(flushes.threads)
+        for _ in range(count):
+            conversation = (await agent.run("hi", "ann", conversation)).conversation_id
+        return flushes.threads[before:]  # one flush per turn: where each ran
+
+    proof = backend.FLUSH_PROOF
+    assert await turns(3) == [worker, loop, loop]  # a new store's first flush is the worker's
+    flushes.slow = True
+    assert await turns(1) == [loop]
+    flushes.slow = False
+    assert await turns(proof + 1) == [worker] * proof + [loop]
+    # Each slow one the loop waits for doubles the count (the two here: 4 times FLUSH_PROOF
+    # now), and each slow one the worker makes starts it over.
+    flushes.slow = True
+    assert await turns(3) == [loop, worker, worker]
+    flushes.slow = False
+    assert await turns(4 * proof + 1) == [worker] * (4 * proof) + [loop]
+    # Every answer was stored, each by the flush that told it.
+    assert rows(store.path, "SELECT COUNT(*) FROM conversation_messages WHERE role = "
+                "'assistant'") == [(len(flushes.threads),)]
+    await agent.close()
+    await store.close()
+
+
+async def test_a_run_among_others_leaves_its_flush_to_the_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # Two runs under way: the first to finish may not hold the loop for its flush (the other
+    # may finish meanwhile and share it); the last, alone, flushes on the loop.
+    flushes = Flushes(monkeypatch)
+    agent, store, _ = await _answered(tmp_path, "first")
+    gates = {"ann": asyncio.Event(), "bob": asyncio.Event()}
+    waiting: list[str] = []
+
+    async def answer(messages: list[dict[str, str]]) -> dict[str, str]:
+        user = messages[-1]["content"]
+        waiting.append(user)
+        await gates[user].wait()
+        return {"response": f"to {user}"}
+
+    agent.llm = ScriptedLLM([answer, answer])
+    runs = {user: asyncio.create_task(agent.run(user, user)) for user in gates}
+    while len(waiting) < 2:
+        await asyncio.sleep(0.001)
+    before = len(flushes.threads)
+    gates["ann"].set()
+    assert (await runs["ann"]).response == "to ann"
+    gates["bob"].set()
+    assert (await runs["bob"]).response == "to bob"
+    assert flushes.threads[before:] == ["cogency-sqlite", threading.current_thread().name]
     await agent.close()
     await store.close()
 

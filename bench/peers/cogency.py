@@ -68,9 +68,9 @@ class _Session:
 
     async def synchronous(self) -> set[int]:
         # The store's one connection (PRAGMAs are per connection). At "full" it commits as
-        # at NORMAL (1), and the store flushes the log itself, off the event loop, before it
-        # tells an outcome (SQLiteStore's docstring): FULL (2) is read back as every commit
-        # of the conversation flushed. (This run's strace counts the flushes per turn.)
+        # at NORMAL (1), and the store flushes the log itself before it tells an outcome
+        # (SQLiteStore's docstring): FULL (2) is read back as every commit of the
+        # conversation flushed. (This run's strace counts the flushes per turn.)
         pragma = await self.store._run(lambda db: db.execute("PRAGMA synchronous").fetchone()[0])
         store = self.store
         if store.synchronous == "full" and pragma == 1 and 0 < store._commits == store._flushed:

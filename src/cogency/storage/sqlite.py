@@ -11,6 +11,7 @@ import queue
 import sqlite3
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
@@ -130,6 +131,14 @@ as many turns, a smaller file; a message longer than a page continues in overflo
 any size."""
 INLINE_CHARACTERS = 65_536
 """Text a call may carry and still run on the event loop (see ``SQLiteStore._run``)."""
+FLUSH_ON_LOOP_SECONDS = 0.001
+"""The longest disk flush the event loop may wait for itself (at ``synchronous="full"``): a
+store whose flushes take longer flushes on its worker thread (``SQLiteStore._flush_here``)."""
+FLUSH_PROOF = 8
+"""Flushes in a row under ``FLUSH_ON_LOOP_SECONDS`` that bring flushing back to the loop after
+a slow one; doubled by each slow one the loop waited for, up to ``FLUSH_PROOF_MOST``."""
+FLUSH_PROOF_MOST = 4096
+_clock = time.perf_counter  # what a flush is timed with
 SYNCHRONOUS = ("normal", "full")
 """The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
 CHAIN_TURNS = "cogency_chain_turns"
@@ -606,11 +615,17 @@ class SQLiteStore:
 
     How: every commit is written to the log without a flush, wherever it runs (on the loop
     when it may, as at ``"normal"``); the caller of one that records an outcome is told once
-    a flush of the log (``fdatasync``), on the worker thread, began after it was written.
-    Commits that owe a flush while one waits to begin share it (completions of concurrent
-    runs: one flush), and each caller hears its own outcome. A flush that fails tells its
-    callers so (``StorageError``): their commits are stored, and may not survive a power
-    loss. Other readers of the file may see such a commit before it is flushed.
+    a flush of the log (``fdatasync``) began after it was written. The event loop makes that
+    flush itself, waking no thread, only while the store has nothing else under way (one
+    task in flight, no flush owed or begun) and its flushes are fast (each under
+    ``FLUSH_ON_LOOP_SECONDS``, 1 ms); else the worker thread makes it and the loop goes on.
+    A slow flush sends the next ones to the worker until ``FLUSH_PROOF`` in a row were fast,
+    a count doubled each time the loop waited for a slow one: a slow disk holds the loop
+    for one flush, and then ever more rarely. Commits that owe a flush while one waits to
+    begin share it (completions of concurrent runs: one flush), and each caller hears its
+    own outcome. A flush that fails tells its callers so (``StorageError``): their commits
+    are stored, and may not survive a power loss. Other readers of the file may see such a
+    commit before it is flushed.
     """
 
     # Slots: past 30 attributes an instance's dict stops sharing its keys with the class's
@@ -620,7 +635,7 @@ class SQLiteStore:
         "synchronous", "path", "read_only", "create_dirs", "_busy_timeout_ms", "lease",
         "_leases", "_db", "_worker", "_lock", "_handed", "_finished", "_waits", "_on_commit",
         "_commits", "_flushed", "_flushing_upto", "_flush_handed", "_owed", "_flush_lock",
-        "_wal", "_flush_fd", "_wrote", "_checkpointing", "_log", "_index", "_copier",
+        "_wal", "_flush_fd", "_flush_ahead", "_flush_proof", "_wrote", "_checkpointing", "_log", "_index", "_copier",
         "_copier_db", "_copying", "_closed", "_windows", "__weakref__",
     )
 
@@ -663,6 +678,8 @@ class SQLiteStore:
         self._flush_lock = threading.Lock()  # the loop and the worker both owe and flush
         self._wal = True  # whether the connection's journal is the write-ahead log
         self._flush_fd: int | None = None  # the file a flush makes durable, open for that
+        self._flush_ahead = 1  # fast flushes still to see before the loop flushes itself
+        self._flush_proof = FLUSH_PROOF  # what a slow flush sets _flush_ahead to
         self._wrote = False  # a commit since the log's size was last looked at
         self._checkpointing: asyncio.Future[None] | None = None
         self._log = (None if self.path == ":memory:"  # the write-ahead log _connect's file has
@@ -786,7 +803,8 @@ class SQLiteStore:
         the busy timeout off: a lock held by another connection sends it to the worker, to
         wait there as any call does. The loop never waits on a lock, nor on the disk: a
         write that must be flushed (``_Flushing``) is told its outcome once a flush on the
-        worker made it durable (``_owe_flush``)."""
+        worker made it durable (``_owe_flush``), or one the loop made itself, when the store
+        has nothing else under way and its flushes are fast (``_flush_here``)."""
         if (inline and self._db is not None and self._finished == self._handed
                 and self._lock.acquire(blocking=False)):
             ran = False
@@ -801,7 +819,7 @@ class SQLiteStore:
             finally:
                 self._lock.release()
             if ran:
-                if not isinstance(fn, _Flushing):
+                if not isinstance(fn, _Flushing) or self._flush_here(commits):
                     return result
                 told: asyncio.Future[T] = asyncio.get_running_loop().create_future()
                 self._owe_flush(commits, told, result)
@@ -876,17 +894,45 @@ class SQLiteStore:
             self._flush_handed = True
         self._started().post(self._flush_log)
 
+    def _flush_here(self, commits: int) -> bool:
+        """On the loop, after a commit that owes a flush: flush the log here, and so tell its
+        caller without waking a thread, if the loop may wait for the disk: the store has
+        nothing else under way (at most the one task in flight, no flush owed or begun) and
+        its last flushes were fast (``_flush_ahead``: ``FLUSH_ON_LOOP_SECONDS``). Concurrent
+        runs thus share the worker's flushes, and a slow disk holds the loop once, before
+        flushing goes back to the worker. False: the flush is the worker's (``_owe_flush``).
+        A flush that fails raises ``StorageError``."""
+        if self._flush_ahead or len(self._leases.tasks) > 1:
+            return False
+        with self._flush_lock:
+            if self._owed or self._flush_handed or self._flushing_upto >= 0:
+                return False
+            upto = self._flushing_upto = self._commits
+        error = self._flush(upto, here=True)
+        if error is not None:
+            raise error
+        return True
+
     def _flush_log(self) -> None:
-        """On the worker: flush the log (the database file, if the journal is not the log)
-        to the disk, and tell the callers whose commits that made durable; if the flush
-        fails, they hear why (their commits were written, and may not survive a power
-        loss)."""
+        """On the worker: flush the log for the callers owed one (``_owe_flush``)."""
         with self._flush_lock:
             self._flush_handed = False
             if not self._owed:  # (closing flushed them: _close_db)
                 return
             upto = self._flushing_upto = self._commits
+        self._flush(upto)
+
+    def _flush(self, upto: int, *, here: bool = False) -> BaseException | None:
+        """Flush the log (the database file, if the journal is not the log) to the disk, and
+        tell the callers whose commits that made durable (the first ``upto``); if the flush
+        fails, they hear why (their commits were written, and may not survive a power loss),
+        and so does the caller (returned).
+
+        Where the next ones run (``_flush_here``): a slow flush (or a failed one) sends them
+        to the worker until ``_flush_proof`` flushes in a row were fast; one that held the
+        loop (``here``) doubles that count for the next time."""
         error: BaseException | None = None
+        began = _clock()
         try:
             if self._flush_fd is None:
                 target = self._log if self._wal and self._log is not None else self.path
@@ -898,7 +944,14 @@ class SQLiteStore:
                 "just written is stored but may not survive a power loss; check the disk"
             )
             error.__cause__ = exc
+        took = _clock() - began
         with self._flush_lock:
+            if error is not None or took > FLUSH_ON_LOOP_SECONDS:
+                self._flush_ahead = self._flush_proof
+                if here:
+                    self._flush_proof = min(2 * self._flush_proof, FLUSH_PROOF_MOST)
+            elif self._flush_ahead:
+                self._flush_ahead -= 1
             self._flushing_upto = -1
             if error is None:
                 self._flushed = max(self._flushed, upto)
@@ -906,6 +959,7 @@ class SQLiteStore:
             self._owed = [owed for owed in self._owed if owed[0] > upto]
         for _, told, result in done:
             _settle_soon(told, None if error else result, error)
+        return error
 
     def _checkpoint_after(self) -> None:
         """On the worker, after a call that filled the log: a checkpoint whose failure (a
