@@ -578,10 +578,11 @@ class SQLiteStore:
     The file is created on first use, in a directory that must exist (``create_dirs=True``
     creates missing ones, as the default database does in the user's data directory);
     ``":memory:"`` keeps everything in memory. Calls that may wait run on one worker thread,
-    so the event loop never waits on disk or on another process's lock; the short calls of a
-    turn that need neither (no flush, no lock held elsewhere, little text) run on the event
-    loop itself when the worker is idle, as moving them to the thread and back costs more
-    than they do. Checkpoints (copying the write-ahead log into the database, which flushes
+    so the event loop never waits on a slow disk or on another process's lock; the short
+    calls of a turn that need neither (no lock held elsewhere, little text, and at
+    ``synchronous="full"`` a flush only while flushes are fast and nothing else is under way)
+    run on the event loop itself when the worker is idle, as moving them to the thread and
+    back costs more than they do. Checkpoints (copying the write-ahead log into the database, which flushes
     the file) never run on the event loop: SQLite's automatic ones are off; once the log
     reaches ``CHECKPOINT_BYTES`` a thread with a connection of its own copies it while the
     calls go on, and the worker copies what was written meanwhile and starts the log over.
@@ -635,8 +636,8 @@ class SQLiteStore:
         "synchronous", "path", "read_only", "create_dirs", "_busy_timeout_ms", "lease",
         "_leases", "_db", "_worker", "_lock", "_handed", "_finished", "_waits", "_on_commit",
         "_commits", "_flushed", "_flushing_upto", "_flush_handed", "_owed", "_flush_lock",
-        "_wal", "_flush_fd", "_flush_ahead", "_flush_proof", "_wrote", "_checkpointing", "_log", "_index", "_copier",
-        "_copier_db", "_copying", "_closed", "_windows", "__weakref__",
+        "_wal", "_flush_fd", "_flush_ahead", "_flush_proof", "_wrote", "_checkpointing", "_log",
+        "_index", "_copier", "_copier_db", "_copying", "_closed", "_windows", "__weakref__",
     )
 
     def __init__(
@@ -801,10 +802,11 @@ class SQLiteStore:
         """``fn`` on the worker thread; ``inline=True`` (a call that carries little text)
         runs it here on the event loop instead when nothing is queued for the worker, with
         the busy timeout off: a lock held by another connection sends it to the worker, to
-        wait there as any call does. The loop never waits on a lock, nor on the disk: a
-        write that must be flushed (``_Flushing``) is told its outcome once a flush on the
-        worker made it durable (``_owe_flush``), or one the loop made itself, when the store
-        has nothing else under way and its flushes are fast (``_flush_here``)."""
+        wait there as any call does. The loop never waits on a lock, and on the disk only
+        for a flush expected to be fast: a write that must be flushed (``_Flushing``) is told
+        its outcome once a flush made it durable, made by the loop itself when the store has
+        nothing else under way and its flushes are fast (``_flush_here``), else on the
+        worker (``_owe_flush``)."""
         if (inline and self._db is not None and self._finished == self._handed
                 and self._lock.acquire(blocking=False)):
             ran = False
