@@ -569,7 +569,9 @@ def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
             "A turn's statements (recorded at the store's connection, checked against "
             "sqlite3's trace callback) replayed through a plain `sqlite3` connection on a fresh "
             "file, interleaved turn by turn with a fresh Cogency conversation; medians per turn "
-            "after 2 warm-up turns.",
+            "after 2 warm-up turns. *As traced text*: each statement once, as the trace "
+            "callback saw it first (it fires again for what a statement runs inside, such as a "
+            "foreign key's cascade: not run again).",
             ["setting", "statements / transactions per turn", "Cogency CPU (ms)",
              "replayed as traced text (ms)", "ratio", "replayed parameterized (ms)", "ratio",
              "wall ratio (text)"])

@@ -50,23 +50,43 @@ class _Recording(sqlite3.Connection):
 
     log: list[Statement]
     number: int
+    traces: list[Trace]
+    refires: set[int]
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:  # type: ignore[override]
         self.log.append(("one", sql, parameters, self.number))
-        return super().execute(sql, parameters)
+        mark = len(self.traces)
+        try:
+            return super().execute(sql, parameters)
+        finally:
+            self._refired(mark)
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:  # type: ignore[override]
         rows = list(parameters)
         self.log.append(("many", sql, rows, self.number))
-        return super().executemany(sql, rows)
+        mark = len(self.traces)
+        try:
+            return super().executemany(sql, rows)
+        finally:
+            self._refired(mark)
+
+    def _refired(self, mark: int) -> None:
+        """SQLite's trace callback fires again, with the same text, as a statement runs a
+        subprogram (a foreign key's cascade, a trigger): those entries since ``mark`` go to
+        ``refires``, so that the literal replay runs the statement once, as the store did."""
+        ours = [at for at in range(mark, len(self.traces)) if self.traces[at][0] == self.number]
+        self.refires.update(at for before, at in zip(ours, ours[1:])
+                            if self.traces[at] == self.traces[before])
 
     def executescript(self, script: str, /) -> sqlite3.Cursor:  # type: ignore[override]
         raise AssertionError("the store ran a script: replay cannot record it statement-wise")
 
 
 @contextmanager
-def recording(log: list[Statement], traces: list[Trace]) -> Iterator[None]:
-    """Every ``sqlite3.connect`` in this block makes a recording, traced connection."""
+def recording(log: list[Statement], traces: list[Trace],
+              refires: set[int] | None = None) -> Iterator[None]:
+    """Every ``sqlite3.connect`` in this block makes a recording, traced connection;
+    ``refires`` gets the indexes of the trace entries a statement's subprograms made."""
     real = sqlite3.connect
     opened = [0]
 
@@ -75,7 +95,8 @@ def recording(log: list[Statement], traces: list[Trace]) -> Iterator[None]:
         assert isinstance(connection, _Recording)
         number = connection.number = opened[0]
         opened[0] += 1
-        connection.log = log
+        connection.log, connection.traces = log, traces
+        connection.refires = set() if refires is None else refires
         connection.set_trace_callback(lambda sql: traces.append((number, sql)))
         return connection
 
@@ -100,14 +121,16 @@ async def capture(path: Path, turns: int, synchronous: str
                   ) -> tuple[list[Statement], list[list[Statement]], list[Trace],
                              list[list[Trace]]]:
     """The statements of opening the store and of each of ``turns`` turns, the whole trace,
-    and each turn's traced statements (literal SQL). A checkpoint the store's copier thread
-    ran during a turn counts in that turn, on a connection of its own."""
+    and each turn's traced statements (literal SQL, each statement once: not again for the
+    subprograms it ran). A checkpoint the store's copier thread ran during a turn counts in
+    that turn, on a connection of its own."""
     log: list[Statement] = []
     traces: list[Trace] = []
+    refires: set[int] = set()
     script = Script()
     per_turn: list[list[Statement]] = []
     traced: list[list[Trace]] = []
-    with recording(log, traces):
+    with recording(log, traces, refires):
         session = await adapter.open_session(script, str(path), synchronous)
         try:
             await session.store.list_tasks(USER_ID)  # opens the connection: setup, untimed
@@ -117,7 +140,9 @@ async def capture(path: Path, turns: int, synchronous: str
                 before, before_trace = len(log), len(traces)
                 assert await session.turn(user_text(turn)) == answer_text(turn)
                 per_turn.append(log[before:])
-                traced.append(traces[before_trace:])
+                traced.append([trace for at, trace in enumerate(traces[before_trace:],
+                                                                before_trace)
+                               if at not in refires])
             turns_end = len(traces)  # what closing the store runs is neither replayed nor timed
         finally:
             await session.close()

@@ -274,3 +274,19 @@ def test_flush_benchmark_times_each_way_and_flushes_where_it_says(
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "is not a directory" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+async def test_the_literal_replay_runs_each_statement_of_a_turn_once(tmp_path: Path) -> None:
+    # SQLite's trace fires again for a statement's subprograms (the completion's DELETE
+    # cascades to task_approvals): the literal replay must not run that statement twice.
+    from bench import replay
+
+    setup, per_turn, traces, traced = await replay.capture(tmp_path / "c.db", 4, "full")
+    for statements, texts in zip(per_turn, traced):
+        sent = sum(len(parameters) if kind == "many" else 1
+                   for kind, _, parameters, _ in statements)
+        assert len(texts) == sent
+        deletes = [sql for _, sql in texts if sql.startswith("DELETE FROM task_workspaces")]
+        assert len(deletes) == 1
+    # The whole trace keeps what the statements' subprograms fired (the replay's check).
+    assert sum(sql.startswith("DELETE FROM task_workspaces") for _, sql in traces) == 2 * 4
