@@ -240,8 +240,11 @@ async def test_a_run_among_others_leaves_its_flush_to_the_worker(
 
     agent.llm = ScriptedLLM([answer, answer])
     runs = {user: asyncio.create_task(agent.run(user, user)) for user in gates}
-    while len(waiting) < 2:
+    for _ in range(3000):  # both tasks begun, both model calls waiting
+        if len(waiting) == 2:
+            break
         await asyncio.sleep(0.001)
+    assert len(waiting) == 2
     before = len(flushes.threads)
     gates["ann"].set()
     assert (await runs["ann"]).response == "to ann"
