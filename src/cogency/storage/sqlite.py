@@ -582,10 +582,11 @@ class SQLiteStore:
     calls of a turn that need neither (no lock held elsewhere, little text, and at
     ``synchronous="full"`` a flush only while flushes are fast and nothing else is under way)
     run on the event loop itself when the worker is idle, as moving them to the thread and
-    back costs more than they do. Checkpoints (copying the write-ahead log into the database, which flushes
-    the file) never run on the event loop: SQLite's automatic ones are off; once the log
-    reaches ``CHECKPOINT_BYTES`` a thread with a connection of its own copies it while the
-    calls go on, and the worker copies what was written meanwhile and starts the log over.
+    back costs more than they do. Checkpoints (copying the write-ahead log into the
+    database, which flushes the file) never run on the event loop: SQLite's automatic ones
+    are off; once the log reaches ``CHECKPOINT_BYTES`` a thread with a connection of its own
+    copies it while the calls go on, and the worker copies what was written meanwhile and
+    starts the log over.
 
     A running task is held by a lease of ``lease`` seconds that this store renews while the
     run goes on; a runner whose process is gone (on this host) or whose lease lapsed (any host)
