@@ -247,10 +247,17 @@ async def test_a_run_among_others_leaves_its_flush_to_the_worker(
     assert len(waiting) == 2
     before = len(flushes.threads)
     gates["ann"].set()
-    assert (await runs["ann"]).response == "to ann"
+    ann = await runs["ann"]
     gates["bob"].set()
-    assert (await runs["bob"]).response == "to bob"
+    bob = await runs["bob"]
+    assert (ann.response, bob.response) == ("to ann", "to bob")
     assert flushes.threads[before:] == ["cogency-sqlite", threading.current_thread().name]
+    # Each answer is stored in its own conversation, each task done (its row gone).
+    for run, user in ((ann, "ann"), (bob, "bob")):
+        assert rows(store.path, "SELECT role, content FROM conversation_messages WHERE "
+                    "conversation_id = ? ORDER BY seq", run.conversation_id) == [
+            ("user", user), ("assistant", f"to {user}")]
+    assert rows(store.path, "SELECT COUNT(*) FROM task_workspaces") == [(0,)]
     await agent.close()
     await store.close()
 
