@@ -161,9 +161,11 @@ async def _answered(tmp_path: Path, *answers: str) -> tuple[Agent, SQLiteStore, 
 async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     flushes = Flushes(monkeypatch)
-    agent, store, conversation = await _answered(tmp_path, "first", "slow", "second")
-    flushes.slow = True  # a slow flush: the next ones are the worker's
-    assert (await agent.run("slow", "ann", conversation)).response == "slow"
+    most = backend.FLUSH_SLOW_MOST
+    agent, store, conversation = await _answered(tmp_path, "first", *["slow"] * most, "second")
+    flushes.slow = True  # FLUSH_SLOW_MOST slow flushes: the next ones are the worker's
+    for _ in range(most):
+        assert (await agent.run("slow", "ann", conversation)).response == "slow"
     flushes.hold()
     run = asyncio.create_task(agent.run("two", "ann", conversation))
     for _ in range(3000):  # the completion committed, its flush begun
@@ -186,36 +188,39 @@ async def test_a_run_hears_its_answer_only_once_the_flush_is_over(
     await store.close()
 
 
-async def test_the_loop_flushes_itself_while_the_disk_is_fast_and_waits_on_a_slow_one_once(
+async def test_the_loop_flushes_itself_unless_a_quarter_of_its_last_flushes_were_slow(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # A flush on the loop wakes no thread: a lone turn's answer is told sooner. A slow disk
-    # holds the loop for one flush; the worker makes the next ones until as many in a row
-    # were fast as the back-off asks, which doubles each time the loop waited for one.
+    # A flush on the loop wakes no thread: a lone turn's answer is told sooner. A slow flush
+    # now and then (a disk's tail) leaves the flushes there; a disk that turns slow holds the
+    # loop for FLUSH_SLOW_MOST flushes, then the worker makes them until fewer than that many
+    # of the last FLUSH_WINDOW were slow.
     flushes = Flushes(monkeypatch)
     store = SQLiteStore(tmp_path / "agent.db", synchronous="full")
     agent = Agent(ScriptedLLM(itertools.repeat({"response": "ok"})), store=store)
     loop, worker = threading.current_thread().name, "cogency-sqlite"
+    window, most = backend.FLUSH_WINDOW, backend.FLUSH_SLOW_MOST
     conversation: str | None = None
 
-    async def turns(count: int) -> list[str]:
+    async def turns(count: int, *, slow: bool = False) -> list[str]:
         nonlocal conversation
+        flushes.slow = slow
         before = len(flushes.threads)
         for _ in range(count):
             conversation = (await agent.run("hi", "ann", conversation)).conversation_id
         return flushes.threads[before:]  # one flush per turn: where each ran
 
-    proof = backend.FLUSH_PROOF
-    assert await turns(3) == [worker, loop, loop]  # a new store's first flush is the worker's
-    flushes.slow = True
-    assert await turns(1) == [loop]
-    flushes.slow = False
-    assert await turns(proof + 1) == [worker] * proof + [loop]
-    # Each slow one the loop waits for doubles the count (the two here: 4 times FLUSH_PROOF
-    # now), and each slow one the worker makes starts it over.
-    flushes.slow = True
-    assert await turns(3) == [loop, worker, worker]
-    flushes.slow = False
-    assert await turns(4 * proof + 1) == [worker] * (4 * proof) + [loop]
+    # A new store's first flush is the worker's.
+    assert await turns(window) == [worker] + [loop] * (window - 1)
+    # Slow ones among fast ones stay on the loop.
+    for _ in range(2):
+        assert await turns(most - 1, slow=True) == [loop] * (most - 1)
+        assert await turns(window) == [loop] * window
+    # A disk that turns slow holds the loop for FLUSH_SLOW_MOST flushes, no more.
+    assert await turns(most + 3, slow=True) == [loop] * most + [worker] * 3
+    # The worker makes the flushes until fewer than FLUSH_SLOW_MOST of the last window were
+    # slow: after window - most + 1 fast ones, most - 1 of the slow ones are left in it.
+    back = window - most + 1
+    assert await turns(back + 1) == [worker] * back + [loop]
     # Every answer was stored, each by the flush that told it.
     assert rows(store.path, "SELECT COUNT(*) FROM conversation_messages WHERE role = "
                 "'assistant'") == [(len(flushes.threads),)]

@@ -132,12 +132,18 @@ any size."""
 INLINE_CHARACTERS = 65_536
 """Text a call may carry and still run on the event loop (see ``SQLiteStore._run``)."""
 FLUSH_ON_LOOP_SECONDS = 0.001
-"""The longest disk flush the event loop may wait for itself (at ``synchronous="full"``): a
-store whose flushes take longer flushes on its worker thread (``SQLiteStore._flush_here``)."""
-FLUSH_PROOF = 8
-"""Flushes in a row under ``FLUSH_ON_LOOP_SECONDS`` that bring flushing back to the loop after
-a slow one; doubled by each slow one the loop waited for, up to ``FLUSH_PROOF_MOST``."""
-FLUSH_PROOF_MOST = 4096
+"""A flush longer than this is slow: the event loop makes the flushes itself (at
+``synchronous="full"``) only while fewer than ``FLUSH_SLOW_MOST`` of the last ``FLUSH_WINDOW``
+were slow (``SQLiteStore._flush_here``)."""
+FLUSH_WINDOW = 16
+"""The flushes a store remembers the speed of (see ``FLUSH_ON_LOOP_SECONDS``)."""
+FLUSH_SLOW_MOST = 4
+"""Slow flushes among the last ``FLUSH_WINDOW`` that send the next ones to the worker thread.
+So the loop waits for at most this many slow flushes in any ``FLUSH_WINDOW`` in a row: one
+slow now and then (a disk's tail) leaves the flushes on the loop; a disk that turns slow holds
+it for this many, then the worker makes them until the window holds fewer again. A new store's
+first flush is the worker's."""
+_FLUSH_SLOW_MASK = (1 << FLUSH_WINDOW) - 1
 _clock = time.perf_counter  # what a flush is timed with
 SYNCHRONOUS = ("normal", "full")
 """The durability settings a store can be opened with (SQLite's ``PRAGMA synchronous``)."""
@@ -619,15 +625,16 @@ class SQLiteStore:
     when it may, as at ``"normal"``); the caller of one that records an outcome is told once
     a flush of the log (``fdatasync``) began after it was written. The event loop makes that
     flush itself, waking no thread, only while the store has nothing else under way (one
-    task in flight, no flush owed or begun) and its flushes are fast (each under
-    ``FLUSH_ON_LOOP_SECONDS``, 1 ms); else the worker thread makes it and the loop goes on.
-    A slow flush sends the next ones to the worker until ``FLUSH_PROOF`` in a row were fast,
-    a count doubled each time the loop waited for a slow one: a slow disk holds the loop
-    for one flush, and then ever more rarely. Commits that owe a flush while one waits to
-    begin share it (completions of concurrent runs: one flush), and each caller hears its
-    own outcome. A flush that fails tells its callers so (``StorageError``): their commits
-    are stored, and may not survive a power loss. Other readers of the file may see such a
-    commit before it is flushed.
+    task in flight, no flush owed or begun) and its flushes are fast: fewer than
+    ``FLUSH_SLOW_MOST`` (4) of its last ``FLUSH_WINDOW`` (16) took over
+    ``FLUSH_ON_LOOP_SECONDS`` (1 ms). Else the worker thread makes it and the loop goes on. A
+    slow flush now and then (a disk's tail) thus leaves the flushes on the loop, and the loop
+    waits for at most 4 slow ones in any 16 flushes in a row: a disk that turns slow holds it
+    for 4, then the worker makes the flushes until the disk is fast again. Commits that owe a
+    flush while one waits to begin share it (completions of concurrent runs: one flush), and
+    each caller hears its own outcome. A flush that fails tells its callers so
+    (``StorageError``): their commits are stored, and may not survive a power loss. Other
+    readers of the file may see such a commit before it is flushed.
     """
 
     # Slots: past 30 attributes an instance's dict stops sharing its keys with the class's
@@ -637,7 +644,7 @@ class SQLiteStore:
         "synchronous", "path", "read_only", "create_dirs", "_busy_timeout_ms", "lease",
         "_leases", "_db", "_worker", "_lock", "_handed", "_finished", "_waits", "_on_commit",
         "_commits", "_flushed", "_flushing_upto", "_flush_handed", "_owed", "_flush_lock",
-        "_wal", "_flush_fd", "_flush_ahead", "_flush_proof", "_wrote", "_checkpointing", "_log",
+        "_wal", "_flush_fd", "_flush_slow", "_wrote", "_checkpointing", "_log",
         "_index", "_copier", "_copier_db", "_copying", "_closed", "_windows", "__weakref__",
     )
 
@@ -680,8 +687,10 @@ class SQLiteStore:
         self._flush_lock = threading.Lock()  # the loop and the worker both owe and flush
         self._wal = True  # whether the connection's journal is the write-ahead log
         self._flush_fd: int | None = None  # the file a flush makes durable, open for that
-        self._flush_ahead = 1  # fast flushes still to see before the loop flushes itself
-        self._flush_proof = FLUSH_PROOF  # what a slow flush sets _flush_ahead to
+        # The last FLUSH_WINDOW flushes, newest in the lowest bit: 1 for a slow one. A new
+        # store counts FLUSH_SLOW_MOST slow ones as the window's oldest: its first flush is
+        # the worker's, and they leave the window with the next ones.
+        self._flush_slow = ((1 << FLUSH_SLOW_MOST) - 1) << (FLUSH_WINDOW - FLUSH_SLOW_MOST)
         self._wrote = False  # a commit since the log's size was last looked at
         self._checkpointing: asyncio.Future[None] | None = None
         self._log = (None if self.path == ":memory:"  # the write-ahead log _connect's file has
@@ -901,17 +910,19 @@ class SQLiteStore:
         """On the loop, after a commit that owes a flush: flush the log here, and so tell its
         caller without waking a thread, if the loop may wait for the disk: the store has
         nothing else under way (at most the one task in flight, no flush owed or begun) and
-        its last flushes were fast (``_flush_ahead``: ``FLUSH_ON_LOOP_SECONDS``). Concurrent
-        runs thus share the worker's flushes, and a slow disk holds the loop once, before
-        flushing goes back to the worker. False: the flush is the worker's (``_owe_flush``).
+        its last flushes were fast (fewer than ``FLUSH_SLOW_MOST`` slow ones in
+        ``_flush_slow``). Concurrent runs thus share the worker's flushes, and a disk that
+        turns slow holds the loop for ``FLUSH_SLOW_MOST`` flushes, before flushing goes back
+        to the worker. False: the flush is the worker's (``_owe_flush``).
         A flush that fails raises ``StorageError``."""
-        if self._flush_ahead or len(self._leases.tasks) > 1:
+        if (self._flush_slow.bit_count() >= FLUSH_SLOW_MOST
+                or len(self._leases.tasks) > 1):
             return False
         with self._flush_lock:
             if self._owed or self._flush_handed or self._flushing_upto >= 0:
                 return False
             upto = self._flushing_upto = self._commits
-        error = self._flush(upto, here=True)
+        error = self._flush(upto)
         if error is not None:
             raise error
         return True
@@ -925,15 +936,14 @@ class SQLiteStore:
             upto = self._flushing_upto = self._commits
         self._flush(upto)
 
-    def _flush(self, upto: int, *, here: bool = False) -> BaseException | None:
+    def _flush(self, upto: int) -> BaseException | None:
         """Flush the log (the database file, if the journal is not the log) to the disk, and
         tell the callers whose commits that made durable (the first ``upto``); if the flush
         fails, they hear why (their commits were written, and may not survive a power loss),
         and so does the caller (returned).
 
-        Where the next ones run (``_flush_here``): a slow flush (or a failed one) sends them
-        to the worker until ``_flush_proof`` flushes in a row were fast; one that held the
-        loop (``here``) doubles that count for the next time."""
+        Where the next ones run (``_flush_here``): a slow flush (or a failed one) is noted in
+        ``_flush_slow``, which the loop's and the worker's flushes both keep."""
         error: BaseException | None = None
         began = _clock()
         try:
@@ -949,12 +959,8 @@ class SQLiteStore:
             error.__cause__ = exc
         took = _clock() - began
         with self._flush_lock:
-            if error is not None or took > FLUSH_ON_LOOP_SECONDS:
-                self._flush_ahead = self._flush_proof
-                if here:
-                    self._flush_proof = min(2 * self._flush_proof, FLUSH_PROOF_MOST)
-            elif self._flush_ahead:
-                self._flush_ahead -= 1
+            slow = error is not None or took > FLUSH_ON_LOOP_SECONDS
+            self._flush_slow = (self._flush_slow << 1 | slow) & _FLUSH_SLOW_MASK
             self._flushing_upto = -1
             if error is None:
                 self._flushed = max(self._flushed, upto)
