@@ -70,13 +70,14 @@ class Plan:
     replay_turns: int = 60
     service: tuple[int, int] = (10, 10)
     """HTTP service against Agent.run: rounds, and runs per client in each round."""
-    flush: tuple[int, int] = (5, 300)
-    """``bench.bench_flush``: rounds, and operations per way in each."""
+    flush: tuple[int, int, int] = (5, 300, 1000)
+    """``bench.bench_flush``: rounds, operations per way in each, and the turns whose flushes
+    it follows (where each ran)."""
 
 
 FULL = Plan(11, (300, 30), (10, 2), (200, 20), (200, 20), (12, 2), 25, 1000, False)
 QUICK = Plan(2, (50, 5), (3, 1), (20, 3), (20, 3), (3, 1), 25, 100, True, first=1,
-             fsync_turns=(2, 6), replay_turns=12, service=(1, 3), flush=(1, 20))
+             fsync_turns=(2, 6), replay_turns=12, service=(1, 3), flush=(1, 20, 50))
 SETTINGS = ("full", "normal")
 """Every durable case runs at both, each framework's connections set alike (read back)."""
 
@@ -215,7 +216,7 @@ def run_all(names: list[str], plan: Plan, log: Any) -> dict[str, dict[str, Any]]
                  setting], log)
         results["cogency"]["flush"] = run_json(
             ["-m", "bench.bench_flush", "--rounds", str(plan.flush[0]), "--ops",
-             str(plan.flush[1])], log)
+             str(plan.flush[1]), "--turns", str(plan.flush[2])], log)
     return results
 
 
@@ -629,6 +630,10 @@ def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
         for way, f in flush["hand_off"].items():
             lines.append(f"| {way} | {f['wall'] * 1e6:.0f} | {f['user'] * 1e6:.0f} | "
                          f"{f['system'] * 1e6:.0f} | {f['switches']:.1f} |")
+        if "where" in flush:  # (absent from results written before it was measured)
+            from bench.bench_flush import where_line
+
+            lines += ["", where_line(flush["where"])]
         lines.append("")
     return "\n".join(lines)
 

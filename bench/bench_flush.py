@@ -1,10 +1,11 @@
 """``python -m bench.bench_flush``: what the disk flush of a durable turn costs on this machine,
 and what handing it to the store's worker thread adds.
 
-At ``synchronous="full"`` a one-step turn is one flush of the write-ahead log, made on the
-store's worker thread so that the event loop never waits on the disk (``SQLiteStore``). These
-are the two parts of that wait the store does not choose, measured alone; ``python -m bench``
-measures whole turns.
+At ``synchronous="full"`` a one-step turn is one flush of the write-ahead log, made by the
+event loop itself while the store has nothing else under way and its disk is fast (fewer than
+4 of its last 16 flushes over 1 ms), else on the store's worker thread (``SQLiteStore``).
+Parts 1 and 2 are what that wait costs, measured alone; part 3 is where a lone run's flushes
+went on this disk; ``python -m bench`` measures whole turns.
 
 1. **The flush** (``os.fdatasync``) after writing what a turn adds to the log (``--kib``,
    23 KiB by default), three ways:
@@ -24,11 +25,15 @@ measures whole turns.
      threads, with no event loop.
 
    Wall time, user and system CPU, and voluntary context switches, per operation.
+3. **Where a lone run's flushes go**: ``--turns`` one-step turns of one agent at
+   ``synchronous="full"`` (a scripted model, 25-turn conversations, a fresh file), each
+   flush observed at ``os.fdatasync``: how many the event loop made and how many the worker,
+   how many were slow (over ``FLUSH_ON_LOOP_SECONDS``), and the flushes' percentiles.
 
 Every way runs in every round, in turn, so that a slow moment of the machine hits them all;
 figures are medians over the rounds.
 
-    python -m bench.bench_flush                 # a few seconds; a table, then one JSON line
+    python -m bench.bench_flush                 # ~10 s; tables, then one JSON line
     python -m bench.bench_flush --dir /var/lib/app --rounds 9
 """
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -47,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cogency.storage.sqlite import _settle_soon, _Worker
+from cogency.storage.sqlite import FLUSH_ON_LOOP_SECONDS, _settle_soon, _Worker
 
 FLUSHES = ("appending", "over written blocks", "over reserved blocks")
 HAND_OFFS = ("inline", "on the worker", "the worker's round trip", "two threads, a lock")
@@ -144,7 +150,50 @@ def _ping_pong(ops: int) -> dict[str, float]:
             "system": (after[1] - system) / ops, "switches": (after[2] - switches) / ops}
 
 
-def measure(directory: Path, rounds: int, ops: int, size: int) -> dict[str, Any]:
+async def where(directory: Path, turns: int) -> dict[str, Any]:
+    """Part 3 (see the module's docstring): ``turns`` turns, each flush's thread and time."""
+    from cogency import Agent
+    from cogency.storage import SQLiteStore
+    from cogency.testing import ScriptedLLM
+
+    real = os.fdatasync
+    loop_thread = threading.current_thread()
+    seen: list[tuple[bool, float]] = []  # (on the loop, seconds), one per flush
+
+    def observed(fd: int) -> None:
+        began = time.perf_counter()
+        try:
+            real(fd)
+        finally:
+            seen.append((threading.current_thread() is loop_thread,
+                         time.perf_counter() - began))
+
+    store = SQLiteStore(directory / "bench-flush.db", synchronous="full")
+    llm = ScriptedLLM(itertools.repeat({"response": "ok"}))
+    agent = Agent(llm, store=store, memory=False)
+    os.fdatasync = observed  # this process's flushes, for the turns only
+    try:
+        conversation: str | None = None
+        for turn in range(turns):
+            if turn % 25 == 0:
+                conversation = None
+            conversation = (await agent.run("hello", "bench", conversation)).conversation_id
+            llm.calls.clear()  # (a scripted model keeps what it was sent)
+    finally:
+        os.fdatasync = real
+        await agent.close()
+        await store.close()
+    times = sorted(took for _, took in seen)
+    return {"turns": turns, "flushes": len(seen),
+            "on_the_loop": sum(1 for here, _ in seen if here),
+            "on_the_worker": sum(1 for here, _ in seen if not here),
+            "slow": sum(1 for took in times if took > FLUSH_ON_LOOP_SECONDS),
+            "percentiles": {str(q): times[min(len(times) - 1, int(q / 100 * len(times)))]
+                            for q in (50, 90, 99, 100)} if times else {}}
+
+
+def measure(directory: Path, rounds: int, ops: int, size: int, turns: int = 0
+            ) -> dict[str, Any]:
     path = directory / "bench-flush.log"
     flush: dict[str, list[dict[str, float]]] = {way: [] for way in FLUSHES}
     hand: dict[str, list[dict[str, float]]] = {way: [] for way in HAND_OFFS}
@@ -157,9 +206,12 @@ def measure(directory: Path, rounds: int, ops: int, size: int) -> dict[str, Any]
     def medians(samples: list[dict[str, float]]) -> dict[str, float]:
         return {key: statistics.median(s[key] for s in samples) for key in samples[0]}
 
-    return {"case": "flush", "directory": str(directory), "rounds": rounds, "ops": ops,
-            "bytes": size, "flush": {way: medians(s) for way, s in flush.items()},
-            "hand_off": {way: medians(s) for way, s in hand.items()}}
+    result = {"case": "flush", "directory": str(directory), "rounds": rounds, "ops": ops,
+              "bytes": size, "flush": {way: medians(s) for way, s in flush.items()},
+              "hand_off": {way: medians(s) for way, s in hand.items()}}
+    if turns:
+        result["where"] = asyncio.run(where(directory, turns))
+    return result
 
 
 def table(result: dict[str, Any]) -> str:
@@ -175,7 +227,19 @@ def table(result: dict[str, Any]) -> str:
     for way, figures in result["hand_off"].items():
         lines.append(f"| {way} | {us(figures['wall'])} | {us(figures['user'])} | "
                      f"{us(figures['system'])} | {figures['switches']:.1f} |")
+    if "where" in result:
+        lines += ["", where_line(result["where"])]
     return "\n".join(lines)
+
+
+def where_line(where: dict[str, Any]) -> str:
+    """Part 3 in a sentence."""
+    ms = {q: f"{seconds * 1e3:.2f}" for q, seconds in where["percentiles"].items()}
+    return (f"Where a lone run's flushes went ({where['turns']} turns at FULL): "
+            f"{where['on_the_loop']} of {where['flushes']} on the event loop, "
+            f"{where['on_the_worker']} on the worker; {where['slow']} took over "
+            f"{FLUSH_ON_LOOP_SECONDS * 1e3:g} ms (flush p50 {ms.get('50')}, p90 {ms.get('90')}, "
+            f"p99 {ms.get('99')}, longest {ms.get('100')} ms).")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,13 +250,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ops", type=int, default=300, help="operations per way and round")
     parser.add_argument("--kib", type=int, default=23, help="KiB written before each flush")
+    parser.add_argument("--turns", type=int, default=1000,
+                        help="turns of part 3 (0: leave it out)")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.ops < 1 or args.kib < 1:
-        parser.error("--rounds, --ops and --kib must be positive")
+    if args.rounds < 1 or args.ops < 1 or args.kib < 1 or args.turns < 0:
+        parser.error("--rounds, --ops and --kib must be positive, --turns not negative")
     if args.dir is not None and not args.dir.is_dir():
         parser.error(f"--dir {str(args.dir)!r} is not a directory")
     with tempfile.TemporaryDirectory(prefix="bench-flush-", dir=args.dir) as directory:
-        result = measure(Path(directory), args.rounds, args.ops, args.kib * 1024)
+        result = measure(Path(directory), args.rounds, args.ops, args.kib * 1024, args.turns)
     print(table(result))
     print(json.dumps(result))
 

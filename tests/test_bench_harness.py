@@ -236,7 +236,8 @@ def test_flush_benchmark_times_each_way_and_flushes_where_it_says(
 ) -> None:
     """`python -m bench.bench_flush`: every way of flushing and of handing the flush off is
     measured, each flush really made (on the worker thread where it says so, none in the
-    worker's bare round trip), and nothing is left in the directory measured."""
+    worker's bare round trip), a lone run's flushes are each counted where they ran, and
+    nothing is left in the directory measured."""
     from bench import bench_flush
 
     real, flushed = os.fdatasync, []
@@ -258,7 +259,7 @@ def test_flush_benchmark_times_each_way_and_flushes_where_it_says(
 
     done = subprocess.run(
         [sys.executable, "-m", "bench.bench_flush", "--rounds", "1", "--ops", "5",
-         "--dir", str(tmp_path)],
+         "--turns", "30", "--dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -267,6 +268,13 @@ def test_flush_benchmark_times_each_way_and_flushes_where_it_says(
     assert list(result["hand_off"]) == list(bench_flush.HAND_OFFS)
     assert all(f["wall"] > 0 for f in [*result["flush"].values(), *result["hand_off"].values()])
     assert "| over written blocks |" in done.stdout and "| on the worker |" in done.stdout
+    where = result["where"]  # one flush per turn (and one as the store closes, if any)
+    assert where["turns"] == 30 and 30 <= where["flushes"] <= 31
+    assert where["on_the_loop"] + where["on_the_worker"] == where["flushes"]
+    assert where["on_the_worker"] >= 1  # a new store's first flush is the worker's
+    assert 0 <= where["slow"] <= where["flushes"] and set(where["percentiles"]) == {
+        "50", "90", "99", "100"}
+    assert f"{where['on_the_loop']} of {where['flushes']} on the event loop" in done.stdout
     assert list(tmp_path.iterdir()) == []  # its files and its temporary directory are gone
 
     wrong = subprocess.run([sys.executable, "-m", "bench.bench_flush", "--dir",
