@@ -48,7 +48,8 @@ class Flushes:
     """``os.fdatasync`` of a log counted, with the thread each ran on; ``hold()`` makes the
     next ones wait until ``release()``; ``fail()`` makes the next one fail as a disk would;
     while ``slow``, each takes 10 ms by the clock the store times its flushes with (a clock of
-    this test's: the others take no time by it, however busy the machine). (The one flush of a
+    this test's: the others take no time by it, however busy the machine), and while
+    ``stalled``, 1 s. (The one flush of a
     new file made of the schema's image, before it is named, is not counted:
     ``test_sqlite_schema.py`` counts it.)"""
 
@@ -61,6 +62,7 @@ class Flushes:
         self.free.set()
         self.failing = False
         self.slow = False
+        self.stalled = False
         self.now = 0.0
         monkeypatch.setattr(os, "fdatasync", self)
         monkeypatch.setattr(backend, "_clock", lambda: self.now)
@@ -79,6 +81,8 @@ class Flushes:
         self.real(fd)
         if self.slow:
             self.now += 0.010
+        if self.stalled:
+            self.now += 1.0
 
     def hold(self) -> None:
         self.entered.clear()
@@ -220,6 +224,12 @@ async def test_the_loop_flushes_itself_unless_a_quarter_of_its_last_flushes_were
     # The worker makes the flushes until fewer than FLUSH_SLOW_MOST of the last window were
     # slow: after window - most + 1 fast ones, most - 1 of the slow ones are left in it.
     back = window - most + 1
+    assert await turns(back + 1) == [worker] * back + [loop]
+    # A stall (over FLUSH_STALL_SECONDS) holds the loop once: the next flushes, stalled or
+    # not, are the worker's until as many fast ones as above have pushed it out.
+    flushes.stalled = True
+    assert await turns(2) == [loop, worker]
+    flushes.stalled = False
     assert await turns(back + 1) == [worker] * back + [loop]
     # Every answer was stored, each by the flush that told it.
     assert rows(store.path, "SELECT COUNT(*) FROM conversation_messages WHERE role = "

@@ -143,6 +143,10 @@ So the loop waits for at most this many slow flushes in any ``FLUSH_WINDOW`` in 
 slow now and then (a disk's tail) leaves the flushes on the loop; a disk that turns slow holds
 it for this many, then the worker makes them until the window holds fewer again. A new store's
 first flush is the worker's."""
+FLUSH_STALL_SECONDS = 0.1
+"""A flush longer than this is a stall: it counts as a whole window of slow ones, so the loop
+waits for a stall once, and the worker makes the flushes after it until
+``FLUSH_WINDOW - FLUSH_SLOW_MOST + 1`` fast ones in a row have pushed it out."""
 _FLUSH_SLOW_MASK = (1 << FLUSH_WINDOW) - 1
 _clock = time.perf_counter  # what a flush is timed with
 SYNCHRONOUS = ("normal", "full")
@@ -630,7 +634,9 @@ class SQLiteStore:
     ``FLUSH_ON_LOOP_SECONDS`` (1 ms). Else the worker thread makes it and the loop goes on. A
     slow flush now and then (a disk's tail) thus leaves the flushes on the loop, and the loop
     waits for at most 4 slow ones in any 16 flushes in a row: a disk that turns slow holds it
-    for 4, then the worker makes the flushes until the disk is fast again. Commits that owe a
+    for 4, then the worker makes the flushes until the disk is fast again. A flush over
+    ``FLUSH_STALL_SECONDS`` (0.1 s, a stall) counts as 16 slow ones: the loop waits for a
+    stall once, and the worker flushes after it until 13 in a row were fast. Commits that owe a
     flush while one waits to begin share it (completions of concurrent runs: one flush), and
     each caller hears its own outcome. A flush that fails tells its callers so
     (``StorageError``): their commits are stored, and may not survive a power loss. Other
@@ -959,8 +965,11 @@ class SQLiteStore:
             error.__cause__ = exc
         took = _clock() - began
         with self._flush_lock:
-            slow = error is not None or took > FLUSH_ON_LOOP_SECONDS
-            self._flush_slow = (self._flush_slow << 1 | slow) & _FLUSH_SLOW_MASK
+            if took > FLUSH_STALL_SECONDS:  # a stall holds the loop once, not 4 times
+                self._flush_slow = _FLUSH_SLOW_MASK
+            else:
+                slow = error is not None or took > FLUSH_ON_LOOP_SECONDS
+                self._flush_slow = (self._flush_slow << 1 | slow) & _FLUSH_SLOW_MASK
             self._flushing_upto = -1
             if error is None:
                 self._flushed = max(self._flushed, upto)
