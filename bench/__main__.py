@@ -67,7 +67,10 @@ class Plan:
     300 turns between them hold two of Cogency's checkpoints (one per ~150 turns, at 4 MiB of
     log), so their flushes count at their share; a span that held one or none, as it fell,
     would make the share look larger or smaller than it is."""
-    replay_turns: int = 60
+    replay_turns: int = 300
+    """Turns of ``bench.replay`` per setting: enough that a slow second of the machine is a
+    small share of them. (One full run's 60 turns gave 1.59× at FULL where separate runs
+    minutes later gave 1.43–1.46× at 60 turns and 1.45–1.46× at 300.)"""
     service: tuple[int, int] = (10, 10)
     """HTTP service against Agent.run: rounds, and runs per client in each round."""
     flush: tuple[int, int, int] = (5, 300, 1000)
@@ -185,10 +188,21 @@ def run_all(names: list[str], plan: Plan, log: Any) -> dict[str, dict[str, Any]]
                     results[name][_key(result["case"], result.get("synchronous"))] = result
     else:
         for case, spec in specs.items():
+            if case == "construct":
+                continue  # below, in rounds
             log(f"case {case} (a fresh process per framework)")
             for name in names:
                 (result,) = run_cases(name, [spec], plan.durable_turns, log)
                 results[name][case] = result
+        # Construction takes microseconds: a slow second of the machine would fall on one
+        # framework's whole case. Rounds of a fresh process per framework, samples pooled.
+        repeat, warmup = plan.construct
+        log(f"case construct ({CONSTRUCT_ROUNDS} rounds, a fresh process per framework each)")
+        spec = f"construct:{max(1, repeat // CONSTRUCT_ROUNDS)}:{warmup}"
+        for _ in range(CONSTRUCT_ROUNDS):
+            for name in names:
+                (result,) = run_cases(name, [spec], plan.durable_turns, log)
+                _merge(results[name], "construct", result)
         # Interleaved: rounds of a few conversations per framework and setting, each round
         # a fresh process, so a busy moment of the machine falls on every framework alike.
         repeat, warmup = plan.durable
@@ -221,14 +235,16 @@ def run_all(names: list[str], plan: Plan, log: Any) -> dict[str, dict[str, Any]]
 
 
 DURABLE_PER_PROCESS = 3
+CONSTRUCT_ROUNDS = 5
 
 
 def _merge(cases: dict[str, Any], key: str, result: dict[str, Any]) -> None:
     """Pool the samples of ``result`` (one round) into ``cases[key]``; medians over all."""
-    pooled = cases.setdefault(key, {**result, "samples": [], "cpu_samples": []})
-    pooled["samples"] += result["samples"]
-    pooled["cpu_samples"] += result["cpu_samples"]
-    for field, values in (("", pooled["samples"]), ("cpu_", pooled["cpu_samples"])):
+    fields = [field for field in ("", "cpu_") if f"{field}samples" in result]
+    pooled = cases.setdefault(key, {**result, **{f"{field}samples": [] for field in fields}})
+    for field in fields:
+        values = pooled[f"{field}samples"]
+        values += result[f"{field}samples"]
         pooled[f"{field}median"] = statistics.median(values)
         pooled[f"{field}p95"] = percentile(values, 95)
 
@@ -509,9 +525,14 @@ def goals(table: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]] |
         one = figures["overhead"]["p50"]
         shown = f"+{one:.2f} ms"
         if "bare" in figures:  # (absent from results written before it was measured)
-            shown += (f" (the same client's round trip to a bare HTTP server: "
+            shown += (f" (a lean client's round trip to a bare HTTP server: "
                       f"{figures['bare']['p50']:.2f} ms; the server's own: "
-                      f"{figures['own']['p50']:+.2f} ms)")
+                      f"{figures['own']['p50']:+.2f} ms")
+            if "httpx_overhead" in figures:
+                shown += (f"; with httpx as the client: "
+                          f"{figures['httpx_overhead']['p50']:+.2f} ms, its round trip to the "
+                          f"bare server alone {figures['httpx_bare']['p50']:.2f} ms")
+            shown += ")"
         out.append((
             f"{service['synchronous'].upper()}: `cogency serve` over HTTP adds ≤ 3 ms p50 to "
             "Agent.run at 1 client",
@@ -590,23 +611,29 @@ def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
             "`cogency serve` over HTTP against `Agent.run`",
             "An instant model; each client its own key and conversation, one run after another "
             "(`POST /api/runs`, waiting for the answer); the server a `cogency serve` process "
-            "on loopback, `Agent.run` in the measuring process. *Bare HTTP*: the same client "
-            "and requests against an HTTP server with no framework and no work "
-            "(`bench/bare_http.py`, answering with a body the server sent): what the client, "
-            "the loopback and a second process cost by themselves, a floor under any service's "
-            "*added*. *Server's own*: added less that floor. The three alternate round by "
-            "round. Milliseconds per request.",
+            "on loopback, `Agent.run` in the measuring process. The client: `bench/lean_http.py`"
+            " (HTTP/1.1 on one kept-alive connection per client, no framework), so that a "
+            "round trip costs what the loopback and the server cost; httpx, most Python users' "
+            "client, is measured too (its columns), its own cost per request part of its "
+            "figures. *Bare HTTP*: the same client and requests against an HTTP server with no "
+            "framework and no work (`bench/bare_http.py`, answering with a body the server "
+            "sent): what the client, the loopback and a second process cost by themselves, a "
+            "floor under any service's *added*. *Server's own*: added less that floor. The "
+            "ways alternate round by round. Milliseconds per request.",
             ["setting", "clients", "Agent.run p50", "p99", "HTTP p50", "p99", "**added p50**",
-             "added p99", "bare HTTP p50", "server's own p50", "requests"])
+             "added p99", "bare HTTP p50", "server's own p50", "httpx: added p50",
+             "httpx: bare HTTP p50", "requests"])
         for setting, r in services:
             for count, f in r["clients"].items():
                 bare = (f"{f['bare']['p50']:.2f} | {f['own']['p50']:+.2f}" if "bare" in f
                         else "– | –")
+                httpx = (f"{f['httpx_overhead']['p50']:+.2f} | {f['httpx_bare']['p50']:.2f}"
+                         if "httpx_overhead" in f else "– | –")
                 lines.append(
                     f"| {setting.upper()} | {count} | {f['direct']['p50']:.2f} | "
                     f"{f['direct']['p99']:.2f} | {f['http']['p50']:.2f} | {f['http']['p99']:.2f}"
                     f" | **{f['overhead']['p50']:+.2f}** | {f['overhead']['p99']:+.2f} | "
-                    f"{bare} | {f['http']['n']} |")
+                    f"{bare} | {httpx} | {f['http']['n']} |")
         lines.append("")
     flush = cases.get("flush")
     if flush:
@@ -756,7 +783,8 @@ FULL once every commit of the run is flushed; the fsyncs per turn count those fl
 - **Fresh process per case** (`python -m bench.peers.<framework> CASE --synchronous S`),
   started by the runner, which collects one JSON line per case. Warm-ups first (the first run
   of a process pays lazy imports), then medians and p95 over the repeats: construction
-  {plan.construct[0]}×, memory {plan.construct_mem[0]}×, one-step {plan.one_step[0]}×, tool call
+  {plan.construct[0]}× (in {CONSTRUCT_ROUNDS} rounds, a fresh process per framework each
+  round, the frameworks alternating), memory {plan.construct_mem[0]}×, one-step {plan.one_step[0]}×, tool call
   {plan.tool_call[0]}×, 25-turn conversations {plan.durable[0]}× at each setting (one fresh
   database file each; in rounds of {DURABLE_PER_PROCESS}, a fresh process per framework and
   setting each round, the frameworks and settings alternating), one long conversation of

@@ -45,6 +45,8 @@ from cogency.server.keys import create_key
 from cogency.storage import open_store
 from cogency.testing import ScriptedLLM
 
+from bench.lean_http import LeanConnection
+
 ADMIN_DSN = os.environ.get("COGENCY_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -352,32 +354,42 @@ async def overhead_by_clients(
 ) -> dict[str, Any]:
     """`cogency serve` over real HTTP against ``Agent.run`` in this process, at each number of
     concurrent clients: each client its own user (key) and conversation, sending one run after
-    another (an instant model). A third way is the floor under any HTTP service: the same
+    another (an instant model). The floor under any HTTP service is measured too: the same
     client and requests against ``bench.bare_http``, which answers each at once with a body
-    the server sent. The ways alternate round by round (``per_round`` runs per client each),
-    so a slow moment of the machine hits all; every request's latency counts. Both stores are
-    SQLite files at ``synchronous``."""
+    the server sent. Each is measured with two clients: ``bench.lean_http`` (HTTP/1.1 on one
+    kept-alive connection per client, no framework: what the service is judged with) and
+    httpx (most Python users' client, whose own cost per request is part of its figures).
+    The ways alternate round by round (``per_round`` runs per client each), so a slow moment
+    of the machine hits all; every request's latency counts. Both stores are SQLite files at
+    ``synchronous``."""
     url = lambda name: f"sqlite:///{Path(workdir) / name}?synchronous={synchronous}"  # noqa: E731
     out: dict[str, Any] = {"synchronous": synchronous, "clients": {}}
+    ways = ("direct", "http", "bare", "httpx", "httpx_bare")
     for count in clients:
         served = url(f"served-{count}.db")
         keys = await _keys(served, count)
         server = _Server(served, 0.0, workdir)
         bare: _Bare | None = None
-        latencies: dict[str, list[float]] = {"direct": [], "http": [], "bare": []}
+        latencies: dict[str, list[float]] = {way: [] for way in ways}
+        lean: dict[tuple[str, int], LeanConnection] = {}
         try:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
                 sample = await http.post("/api/runs", json={"query": "hello"},
                                          headers={"Authorization": f"Bearer {keys[0]}"})
                 sample.raise_for_status()
             bare = _Bare(sample.content, workdir)
-            bare_url = bare.url
+            urls = {"http": server.url, "bare": bare.url, "httpx": server.url,
+                    "httpx_bare": bare.url}
             async with Agent(llm=model_instant(), store=url(f"direct-{count}.db")) as direct, \
-                    httpx.AsyncClient(base_url=server.url, timeout=60,
+                    httpx.AsyncClient(timeout=60,
                                       limits=httpx.Limits(max_connections=count + 5)) as http:
                 conversations: dict[tuple[str, int], str | None] = {}
 
                 async def one(way: str, n: int) -> None:
+                    target = urls.get(way, "")
+                    headers = {"authorization": f"Bearer {keys[n]}"}
+                    if way in ("http", "bare") and (way, n) not in lean:
+                        lean[(way, n)] = await LeanConnection.open(target)
                     for _ in range(per_round):
                         began = time.perf_counter()
                         conversation = conversations.get((way, n))
@@ -385,34 +397,48 @@ async def overhead_by_clients(
                             result = await direct.run("hello", user_id=f"user{n}",
                                                       conversation_id=conversation)
                             conversations[(way, n)] = result.conversation_id
+                            latencies[way].append(time.perf_counter() - began)
+                            continue
+                        body: dict[str, Any] = {"query": "hello"}
+                        if conversation:
+                            body["conversation_id"] = conversation
+                        if way in ("http", "bare"):
+                            status, content = await lean[(way, n)].post("/api/runs", body,
+                                                                         headers)
                         else:
-                            body: dict[str, Any] = {"query": "hello"}
-                            if conversation:
-                                body["conversation_id"] = conversation
-                            answer = await http.post(
-                                ("" if way == "http" else bare_url) + "/api/runs", json=body,
-                                headers={"Authorization": f"Bearer {keys[n]}"})
-                            answer.raise_for_status()
-                            conversations[(way, n)] = answer.json()["conversation_id"]
+                            answer = await http.post(target + "/api/runs", json=body,
+                                                     headers=headers)
+                            status, content = answer.status_code, answer.content
+                        if status != 200:
+                            raise SystemExit(f"POST /api/runs answered {status}: "
+                                             f"{content[:500]!r}")
+                        conversations[(way, n)] = json.loads(content)["conversation_id"]
                         latencies[way].append(time.perf_counter() - began)
 
-                for round_ in range(rounds + 1):  # round 0 warms both up, untimed
-                    for way in ("direct", "http", "bare"):
+                for round_ in range(rounds + 1):  # round 0 warms each up, untimed
+                    for way in ways:
                         mark = len(latencies[way])
                         await asyncio.gather(*(one(way, n) for n in range(count)))
                         if round_ == 0:
                             del latencies[way][mark:]
         finally:
+            for connection in lean.values():
+                await connection.close()
             server.stop()
             if bare is not None:
                 bare.stop()
-        figures = {way: {"p50": _percentile(values, 0.5) * 1000,
-                         "p99": _percentile(values, 0.99) * 1000, "n": len(values)}
-                   for way, values in latencies.items()}
-        figures["overhead"] = {q: figures["http"][q] - figures["direct"][q]
-                               for q in ("p50", "p99")}
-        # What the server itself adds: the overhead less the client's and the loopback's part
-        figures["own"] = {q: figures["overhead"][q] - figures["bare"][q] for q in ("p50", "p99")}
+        figures: dict[str, Any] = {
+            way: {"p50": _percentile(values, 0.5) * 1000,
+                  "p99": _percentile(values, 0.99) * 1000, "n": len(values)}
+            for way, values in latencies.items()}
+        for prefix in ("", "httpx_"):
+            http_way = prefix.rstrip("_") or "http"
+            figures[f"{prefix}overhead"] = {
+                q: figures[http_way][q] - figures["direct"][q] for q in ("p50", "p99")}
+            # What the server itself adds: the overhead less the client's and the loopback's
+            figures[f"{prefix}own"] = {
+                q: figures[f"{prefix}overhead"][q] - figures[f"{prefix}bare"][q]
+                for q in ("p50", "p99")}
         out["clients"][str(count)] = figures
     return out
 

@@ -55,10 +55,16 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
         assert replay["statements_per_turn"] > 0 and replay["cpu_ratio_literal"] > 0
         for clients in ("1", "10"):
             service = results[f"service@{setting}"]["clients"][clients]
-            # The same client against the bare server, as many times as against the service
-            assert service["http"]["n"] > 0 and service["bare"]["n"] == service["http"]["n"]
-            assert service["own"]["p50"] == pytest.approx(
-                service["overhead"]["p50"] - service["bare"]["p50"])
+            # Each client against the bare server, as many times as against the service
+            # (the lean client, then httpx), and as many times as Agent.run
+            counts = {way: service[way]["n"] for way in ("direct", "http", "bare", "httpx",
+                                                         "httpx_bare")}
+            assert counts["http"] > 0 and len(set(counts.values())) == 1, counts
+            for prefix, http in (("", "http"), ("httpx_", "httpx")):
+                assert service[f"{prefix}overhead"]["p50"] == pytest.approx(
+                    service[http]["p50"] - service["direct"]["p50"])
+                assert service[f"{prefix}own"]["p50"] == pytest.approx(
+                    service[f"{prefix}overhead"]["p50"] - service[f"{prefix}bare"]["p50"])
     if shutil.which("strace"):
         # FULL flushes at every commit; NORMAL (WAL) only at checkpoints.
         assert results["fsync@full"]["per_turn"] >= 1
@@ -78,7 +84,8 @@ def test_quick_run_of_cogency_writes_table_and_raw_results(tmp_path: Path) -> No
     assert "| **FULL**: durable 25-turn conversation, per turn (ms) |" in text
     assert "### Cogency ÷ its own SQL" in text and "### `cogency serve` over HTTP" in text
     assert "### What a FULL turn's flush costs here" in text and "| on the worker |" in text
-    assert "bare HTTP p50" in text and "round trip to a bare HTTP server" in text
+    assert "bare HTTP p50" in text and "a lean client's round trip to a bare HTTP server" in text
+    assert "httpx: added p50" in text and "with httpx as the client: +" in text
     assert "## Goals" in text and "Cold import faster than every peer" not in text  # no peers
     assert "Database size ≤ 2 × the raw text" in text
     median_ms = f"{results['one_step']['median'] * 1e3:.2f}"
