@@ -53,6 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.peers._harness import percentile
 from cogency.storage.sqlite import FLUSH_ON_LOOP_SECONDS, _settle_soon, _Worker
 
 FLUSHES = ("appending", "over written blocks", "over reserved blocks")
@@ -183,12 +184,12 @@ async def where(directory: Path, turns: int) -> dict[str, Any]:
         os.fdatasync = real
         await agent.close()
         await store.close()
-    times = sorted(took for _, took in seen)
+    times = [took for _, took in seen]
     return {"turns": turns, "flushes": len(seen),
             "on_the_loop": sum(1 for here, _ in seen if here),
             "on_the_worker": sum(1 for here, _ in seen if not here),
             "slow": sum(1 for took in times if took > FLUSH_ON_LOOP_SECONDS),
-            "percentiles": {str(q): times[min(len(times) - 1, int(q / 100 * len(times)))]
+            "percentiles": {str(q): percentile(times, q)
                             for q in (50, 90, 99, 100)} if times else {}}
 
 
