@@ -637,19 +637,25 @@ def cogency_tables(results: dict[str, dict[str, Any]]) -> str:
         lines.append("")
     flush = cases.get("flush")
     if flush:
+        from cogency.storage.sqlite import LOG_AHEAD_BYTES
+
         lines += _section(
             "What a FULL turn's flush costs here",
             f"`python -m bench.bench_flush`: `fdatasync` after writing "
             f"{flush['bytes'] // 1024} KiB (what a turn adds to the log), in the system's "
             f"temporary directory; medians of {flush['rounds']} rounds of {flush['ops']}. "
-            "Cogency's FULL turn is one flush of a log that grows (*appending*; a log started "
-            "over after a checkpoint is written *over written blocks*), made by the event loop "
-            "itself while the store has nothing else under way and fewer than 4 of its last 16 "
-            "flushes took over 1 ms (*inline* below), else handed to the store's worker "
-            "thread. Microseconds.",
-            ["the flush", "wall", "system CPU"])
+            "Cogency's FULL turn is one flush of its log, which the store keeps written "
+            f"{LOG_AHEAD_BYTES // 1024} KiB ahead of its end (*written ahead*: a log that grows "
+            "is otherwise *appending*; a log started over after a checkpoint is written *over "
+            "written blocks*), made by the event loop itself while the store has nothing else "
+            "under way and fewer than 4 of its last 16 flushes took over 1 ms (*inline* "
+            "below), else handed to the store's worker thread. Microseconds; the mean "
+            "counts a way's slower flushes (the writing ahead: one in ~10).",
+            ["the flush", "wall p50", "wall mean", "system CPU"])
         for way, f in flush["flush"].items():
-            lines.append(f"| {way} | {f['wall'] * 1e6:.0f} | {f['system'] * 1e6:.0f} |")
+            mean = f"{f['mean'] * 1e6:.0f}" if "mean" in f else "–"
+            lines.append(f"| {way} | {f['wall'] * 1e6:.0f} | {mean} | "
+                         f"{f['system'] * 1e6:.0f} |")
         lines += ["", "Each way a write, then the flush (or none), per operation; *inline* "
                   "is a lone run's flush, *on the worker* one among others:", "",
                   "| the hand-off | wall | user CPU | system CPU | voluntary switches |",

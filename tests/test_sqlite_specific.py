@@ -466,6 +466,98 @@ async def test_after_a_checkpoint_commits_reuse_the_log_file(tmp_path, monkeypat
     await reopened.close()
 
 
+async def test_at_full_the_log_is_written_ahead_and_read_back_whole_after_a_crash(
+        tmp_path, monkeypatch):
+    """At synchronous="full" the store keeps its log file written (zeros) ``LOG_AHEAD_BYTES``
+    past its last frame, that much at a time, so most of its flushes are of a file that did
+    not grow since the one before (a flush of a grown file records its size too). The frames
+    before the zeros all count: the store reads them, and so does SQLite's recovery after a
+    crash (the files copied as a killed process leaves them, without the wal-index, which
+    SQLite rebuilds from the log, stopping at the zeros). At "normal", which flushes nothing
+    itself, nothing is written ahead."""
+    import shutil
+
+    from cogency import Agent
+    from cogency.storage import sqlite as backend
+    from cogency.testing import ScriptedLLM
+
+    sizes: list[int] = []  # the log file's size at each flush of it
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("-wal"):
+            sizes.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    turns = 40
+    for setting in ("full", "normal"):
+        path = tmp_path / f"{setting}.db"
+        log = Path(f"{path}-wal")
+        sizes.clear()
+        store = SQLiteStore(path, synchronous=setting)
+        answers = [{"response": f"answer {n}: " + "words " * 60} for n in range(turns)]
+        async with Agent(ScriptedLLM(answers), store=store) as agent:
+            conversation = None
+            for n in range(turns):
+                result = await agent.run(f"question {n}: " + "words " * 20, "alice",
+                                         conversation)
+                conversation = result.conversation_id
+            held, copied = await store._run(lambda db: store._log_state())
+            frames_end = 32 + held  # the header, then the frames
+            assert held > 10 * 1024 * turns and copied == 0  # no checkpoint came
+            if setting == "full":
+                assert len(sizes) == turns  # one flush per turn
+                grew = sum(1 for before, after in zip(sizes, sizes[1:]) if after > before)
+                assert grew <= turns // 5, sizes
+                assert frames_end < log.stat().st_size <= frames_end + backend.LOG_AHEAD_BYTES
+                crashed = tmp_path / "crashed.db"
+                shutil.copyfile(path, crashed)
+                shutil.copyfile(log, f"{crashed}-wal")
+                assert rows(crashed, "SELECT count(*) FROM conversation_messages") == [
+                    (2 * turns,)]
+                assert rows(crashed, "SELECT content FROM conversation_messages "
+                                     "ORDER BY seq DESC LIMIT 1") == [(answers[-1]["response"],)]
+                assert rows(crashed, "PRAGMA integrity_check") == [("ok",)]
+            else:
+                assert sizes == []
+                assert log.stat().st_size == frames_end
+        await store.close()
+        reopened = SQLiteStore(path)
+        assert len(await reopened.load_messages(conversation, "alice")) == 2 * turns
+        await reopened.close()
+
+
+async def test_writing_the_log_ahead_that_fails_leaves_the_commit_to_sqlite(
+        tmp_path, monkeypatch, caplog):
+    """A full disk (or any error) writing the log ahead fails nothing: the commit is
+    SQLite's, as without it, and the store says why at debug level."""
+    import errno
+    import logging
+
+    from cogency import Agent
+    from cogency.testing import ScriptedLLM
+
+    def no_space(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", no_space)  # (SQLite's own writes are not Python's)
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path, synchronous="full")
+    with caplog.at_level(logging.DEBUG, logger="cogency.storage"):
+        async with Agent(ScriptedLLM([{"response": "hi"}] * 3), store=store) as agent:
+            conversation = None
+            for _ in range(3):
+                result = await agent.run("hello", "alice", conversation)
+                assert result.response == "hi"
+                conversation = result.conversation_id
+            held, _ = await store._run(lambda db: store._log_state())
+            assert Path(f"{path}-wal").stat().st_size == 32 + held  # nothing written ahead
+    await store.close()
+    assert "writing the log of" in caplog.text and "No space left" in caplog.text
+    assert rows(path, "SELECT count(*) FROM conversation_messages") == [(6,)]
+
+
 async def test_a_checkpoint_never_waits_for_a_reader_and_empties_the_log_once_it_can(
         tmp_path, monkeypatch):
     """Another connection reading an older snapshot keeps the log from being emptied: the
