@@ -14,8 +14,8 @@ went on this disk; ``python -m bench`` measures whole turns.
      started over after a checkpoint (``_checkpoint``'s ``RESTART``);
    - *over reserved blocks*: over blocks reserved by ``posix_fallocate`` and never written;
    - *written ahead*: at the end of a file that grows, kept written (zeros) ``LOG_AHEAD_BYTES``
-     past the end, that much at a time, as ``SQLiteStore`` keeps its log at
-     ``synchronous="full"`` (``_grow_log``): most flushes are over written blocks, one in
+     past the end, that much at a time, as ``SQLiteStore`` keeps a log of that size or more
+     at ``synchronous="full"`` (``_grow_log``): most flushes are over written blocks, one in
      ~10 flushes the zeros and the file's new size too.
 
    Wall time per flush (the median, and the mean: a way whose flushes differ shows it in the
