@@ -1014,28 +1014,34 @@ WRITER = textwrap.dedent(
     from cogency.storage import SQLiteStore
     from cogency.state import State, add_message, autosave
 
-    async def main(path, conversation_id, tag, count):
-        store = SQLiteStore(path)
+    async def main(path, conversation_id, tag, count, synchronous, filler):
+        store = SQLiteStore(path, synchronous=synchronous)
         state = await State.start_task(tag, "alice", conversation_id, store=store)
         for k in range(count):
-            add_message(state, "user", f"{tag}:{k}")
+            add_message(state, "user", f"{tag}:{k}" + (" " + "x" * filler if filler else ""))
             await autosave(state)
         await state.complete_task()
         await store.close()
 
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5],
+                     int(sys.argv[6])))
     """
 )
 
 
-async def test_several_processes_create_and_append_to_one_conversation(db_path, db):
+@pytest.mark.parametrize("synchronous, filler", [("normal", 0), ("full", 6000)])
+async def test_several_processes_create_and_append_to_one_conversation(
+        db_path, db, synchronous, filler):
     # The file does not exist yet: the processes race to create and migrate it, then to
-    # create the conversation, then append with interleaved transactions.
+    # create the conversation, then append with interleaved transactions. At "full", each
+    # writes the log ahead in its own transactions (messages of 6 KB: past several growths
+    # of the log, each process's): every frame of each is read back.
     conversation_id = "shared-conversation"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     writers = [
         subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(db_path), conversation_id, f"p{n}", "15"],
+            [sys.executable, "-c", WRITER, str(db_path), conversation_id, f"p{n}", "15",
+             synchronous, str(filler)],
             env=env, stderr=subprocess.PIPE,
         )
         for n in range(3)
@@ -1049,12 +1055,15 @@ async def test_several_processes_create_and_append_to_one_conversation(db_path, 
         (conversation_id,),
     ).fetchall()
     assert [s for s, _ in seq_rows] == list(range(1, 46))
+    assert all(len(c.split(" ", 1)[-1]) == filler for _, c in seq_rows if filler)
+    seq_rows = [(s, c.split(" ", 1)[0]) for s, c in seq_rows]
     assert sorted(c for _, c in seq_rows) == sorted(
         f"p{n}:{k}" for n in range(3) for k in range(15)
     )
     for n in range(3):
         mine = [c for _, c in seq_rows if c.startswith(f"p{n}:")]
         assert mine == [f"p{n}:{k}" for k in range(15)]
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert db.execute(
         "SELECT message_count FROM conversations WHERE conversation_id = ?", (conversation_id,)
     ).fetchone() == (45,)
