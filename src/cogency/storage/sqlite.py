@@ -153,9 +153,9 @@ LOG_AHEAD_BYTES = 256 * 1024
 """At ``synchronous="full"``, how far past its last frame the log file is kept written
 (zeros), at most, so that a commit's frames land in blocks the file already has, flushed. A
 flush of a file that grew must also record its new size and blocks (the file system's
-journal): on one test machine 127 µs at the median against 76 for one that did not, 103 on
-average with the writing ahead (``python -m bench.bench_flush``: *appending*, *written
-ahead*). A growth's flush carries its zeros too, once per ~10 turns, and the log file is up
+journal): on one test machine 1.6 times as long as a flush of the log written ahead at the
+median, 1.3 on average, the writing ahead included (``python -m bench.bench_flush``:
+*appending*, *written ahead*). A growth's flush carries its zeros too, once per ~10 turns, and the log file is up
 to this much larger until the store closes (the close removes it)."""
 LOG_AHEAD_FIRST = 64 * 1024
 """How far ahead a log is written while it holds less than this; beyond, as far as it holds,
