@@ -561,6 +561,16 @@ async def test_writing_the_log_ahead_that_fails_leaves_the_commit_to_sqlite(
     assert "writing the log of" in caplog.text and "No space left" in caplog.text
     assert rows(path, "SELECT count(*) FROM conversation_messages") == [(6,)]
 
+    # Where os.pwrite is missing (Windows), nothing is written ahead, and nothing fails.
+    monkeypatch.delattr(os, "pwrite")
+    store = SQLiteStore(tmp_path / "w.db", synchronous="full")
+    async with Agent(ScriptedLLM([{"response": "hi"}]), store=store) as agent:
+        assert (await agent.run("hello", "alice")).response == "hi"
+        held, _ = await store._run(lambda db: store._log_state())
+        assert store._log_zeros is None
+        assert Path(f"{tmp_path / 'w.db'}-wal").stat().st_size == 32 + held
+    await store.close()
+
 
 async def test_a_checkpoint_never_waits_for_a_reader_and_empties_the_log_once_it_can(
         tmp_path, monkeypatch):

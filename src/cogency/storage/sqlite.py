@@ -781,8 +781,9 @@ class SQLiteStore:
             # loop (_owe_flush); SQLite flushes only what it must at any setting: checkpoints,
             # the log's header when it starts over. (Without a log, SQLite flushes its own.)
             db.execute(f"PRAGMA synchronous = {'NORMAL' if self._wal else self.synchronous}")
-            if self._wal and self.synchronous == "full":  # (zeros no page holds until read,
-                self._log_zeros = mmap.mmap(-1, LOG_AHEAD_BYTES)  # then the kernel's zero page)
+            if self._wal and self.synchronous == "full" and hasattr(os, "pwrite"):  # (not on
+                # Windows) zeros that no page holds until read, then the kernel's zero page
+                self._log_zeros = mmap.mmap(-1, LOG_AHEAD_BYTES)
             # What _append's UPDATE chains the turns digest with (only this connection writes
             # through it; nothing in the schema names it, so other connections need not).
             db.create_function(CHAIN_TURNS, 2, _chain_turns, deterministic=True)
