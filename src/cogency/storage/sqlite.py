@@ -155,8 +155,8 @@ LOG_AHEAD_BYTES = 256 * 1024
 flush of a file that grew must also record its new size and blocks (the file system's
 journal): on one test machine 1.6 times as long as a flush of the log written ahead at the
 median, 1.3 on average, the writing ahead included (``python -m bench.bench_flush``:
-*appending*, *written ahead*). A growth's flush carries its zeros too, once per ~10 turns, and the log file is up
-to this much larger until the store closes (the close removes it)."""
+*appending*, *written ahead*). A growth's flush carries its zeros too, once per ~10 turns,
+and the log file is up to this much larger until the store closes (the close removes it)."""
 LOG_AHEAD_FIRST = 64 * 1024
 """How far ahead a log is written while it holds less than this; beyond, as far as it holds,
 up to ``LOG_AHEAD_BYTES``: a process that answers once writes 64 KiB of zeros, not 256 (its
@@ -1001,15 +1001,11 @@ class SQLiteStore:
         return error
 
     def _flushed_file(self) -> int:
-        """The file a flush makes durable (the log; the database without one), opened once:
-        for writing too where it may be (``_grow_log`` writes ahead in the log)."""
+        """The file a flush makes durable (the log; the database without one), opened once,
+        for writing too (``_grow_log`` writes ahead in the log), as SQLite opens it."""
         if self._flush_fd is None:
-            target = str(Path(self._log if self._wal and self._log is not None
-                              else self.path).expanduser())
-            try:
-                self._flush_fd = os.open(target, os.O_RDWR)
-            except PermissionError:
-                self._flush_fd = os.open(target, os.O_RDONLY)
+            target = self._log if self._wal and self._log is not None else self.path
+            self._flush_fd = os.open(str(Path(target).expanduser()), os.O_RDWR)
         return self._flush_fd
 
     def _grow_log(self, zeros: mmap.mmap) -> None:
