@@ -468,9 +468,10 @@ async def test_after_a_checkpoint_commits_reuse_the_log_file(tmp_path, monkeypat
 
 async def test_at_full_the_log_is_written_ahead_and_read_back_whole_after_a_crash(
         tmp_path, monkeypatch):
-    """At synchronous="full" the store keeps its log file written (zeros) ``LOG_AHEAD_BYTES``
-    past its last frame, that much at a time, so most of its flushes are of a file that did
-    not grow since the one before (a flush of a grown file records its size too). The frames
+    """At synchronous="full" the store keeps its log file written (zeros) past its last
+    frame, as far as the log holds (``LOG_AHEAD_FIRST`` to ``LOG_AHEAD_BYTES``), so most of its
+    flushes are of a file that did not grow since the one before (a flush of a grown file
+    records its size too). The frames
     before the zeros all count: the store reads them, and so does SQLite's recovery after a
     crash (the files copied as a killed process leaves them, without the wal-index, which
     SQLite rebuilds from the log, stopping at the zeros). At "normal", which flushes nothing
@@ -1020,9 +1021,13 @@ async def test_two_store_objects_on_one_file(db_path, db):
 
 WRITER = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, os, sys
     from cogency.storage import SQLiteStore
     from cogency.state import State, add_message, autosave
+
+    written = []  # what the store writes ahead of the log (os.pwrite: nothing else here)
+    pwrite = os.pwrite
+    os.pwrite = lambda fd, data, offset: written.append(len(data)) or pwrite(fd, data, offset)
 
     async def main(path, conversation_id, tag, count, synchronous, filler):
         store = SQLiteStore(path, synchronous=synchronous)
@@ -1032,6 +1037,7 @@ WRITER = textwrap.dedent(
             await autosave(state)
         await state.complete_task()
         await store.close()
+        print(len(written))
 
     asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5],
                      int(sys.argv[6])))
@@ -1043,22 +1049,26 @@ WRITER = textwrap.dedent(
 async def test_several_processes_create_and_append_to_one_conversation(
         db_path, db, synchronous, filler):
     # The file does not exist yet: the processes race to create and migrate it, then to
-    # create the conversation, then append with interleaved transactions. At "full", each
-    # writes the log ahead in its own transactions (messages of 6 KB: past several growths
-    # of the log, each process's): every frame of each is read back.
+    # create the conversation, then append with interleaved transactions. At "full", they
+    # write the log ahead in their own transactions (messages of 6 KB: several growths of
+    # the log, counted): every frame of each is read back.
     conversation_id = "shared-conversation"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     writers = [
         subprocess.Popen(
             [sys.executable, "-c", WRITER, str(db_path), conversation_id, f"p{n}", "15",
              synchronous, str(filler)],
-            env=env, stderr=subprocess.PIPE,
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         for n in range(3)
     ]
+    growths = []  # each process's writes ahead of the log
     for writer in writers:
-        _, err = writer.communicate(timeout=60)
+        out, err = writer.communicate(timeout=60)
         assert writer.returncode == 0, err.decode()
+        growths.append(int(out))
+    # (Which of them writes ahead depends on who reaches the end of what is written first.)
+    assert sum(growths) >= 4 if synchronous == "full" else not any(growths), growths
 
     seq_rows = db.execute(
         "SELECT seq, content FROM conversation_messages WHERE conversation_id = ? ORDER BY seq",
