@@ -18,6 +18,7 @@ import zlib
 from importlib import resources
 from pathlib import Path
 
+import pytest
 from cli_run import Cli, step
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -240,6 +241,37 @@ def test_ascii_text_is_counted_as_tiktoken_counts_it(text):
     truth = len(tokens._encoding().encode_ordinary(text))
     assert tokens.count_tokens(text) == truth  # pieces new to the cache, or not
     assert tokens.count_tokens(text) == truth  # every piece cached now
+
+
+_WORD = st.lists(_ASCII_EDGES | _ASCII | st.sampled_from(["'ll", "'S", "123456", "don't"]),
+                 min_size=1, max_size=12).map("".join).map(lambda w: w.replace(" ", "x"))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.tuples(_WORD | st.sampled_from(["", "a" * 64, "b" * 65, "c" * 130, "1" * 70]),
+                          st.sampled_from([" ", " ", " ", "  ", "   "])),
+                min_size=1, max_size=40).map(lambda parts: "".join(w + s for w, s in parts)[:-1]))
+def test_a_line_of_words_is_counted_by_its_words_as_tiktoken_counts_it(text):
+    """Text whose only whitespace is single spaces is counted a word at a time (each word's
+    tokens with the space before it, cached): always tiktoken's count, at digits,
+    punctuation, contractions and control characters next to a space, spaces at the edges
+    included, and with words too long to cache (a long run is then cut as everywhere). Other
+    whitespace, and two spaces in a row (one piece), take the pieces' way."""
+    import cogency.tokens as tokens
+
+    tokens.count_tokens("load")
+    spaced = not any(c in text for c in "\t\n\x0b\x0c\r") and "  " not in text
+    by_words = []
+    words = tokens._count_words
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tokens, "_count_words", lambda text: by_words.append(text) or words(text))
+        truth = (len(tokens._encode(text)) if tokens._may_have_long_run(text)
+                 else len(tokens._encoding().encode_ordinary(text)))
+        assert tokens.count_tokens(text) == truth
+        assert tokens.count_tokens(text) == truth  # every word cached now
+    assert by_words == ([text, text] if spaced and text else [])
+    if spaced and text and max(map(len, text.split(" "))) <= tokens._PIECE_KEPT:
+        assert words(text) == truth  # by its words, not handed on
 
 
 def test_prose_and_code_are_counted_as_tiktoken_counts_them_and_the_cache_stays_bounded(

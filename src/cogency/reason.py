@@ -271,6 +271,8 @@ _OPENED = object()
 _BEGUN = object()
 """The value of a field that was begun but not finished."""
 _KEY = re.compile(r'\s*,?\s*("(?:[^"\\]|\\.)*")\s*:\s*', re.S)
+_DECODER = json.JSONDecoder()
+"""Made once, as ``json.loads`` makes its own: a decoder builds its scanner when made."""
 
 
 def _closed_fields(text: str) -> dict[str, Any] | None:
@@ -280,7 +282,7 @@ def _closed_fields(text: str) -> dict[str, Any] | None:
     start = text.find("{")
     if start == -1 or len(text) > MAX_REPLY_CHARS:
         return None
-    decoder = json.JSONDecoder()
+    decoder = _DECODER
     fields: dict[str, Any] = {}
     at = start + 1
     while True:
@@ -315,7 +317,7 @@ def extract_json(text: Any) -> dict[str, Any]:
 
 
 def _first_object(text: str) -> dict[str, Any] | None:
-    decoder = json.JSONDecoder()
+    decoder = _DECODER
     start = text.find("{")
     tries = 0
     while start != -1 and tries < 32:
