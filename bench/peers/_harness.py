@@ -258,60 +258,92 @@ async def case_tool_call(adapter: Adapter, repeat: int, warmup: int) -> dict[str
     return {"samples": samples, "unit": "s"}
 
 
+class _Conversation:
+    """One durable conversation on a fresh file at ``path``, turn by turn.
+
+    Every turn asserts the answer, that the model saw more history than the turn before (until
+    the framework's own history window is full), and that the database holds more rows; the
+    closing, that every connection the framework wrote with had ``synchronous`` set.
+    ``setup`` and ``cpu``: seconds spent opening and closing the agent and its database, and
+    CPU seconds of this process, all threads, over the opening, the turns and the closing."""
+
+    def __init__(self, adapter: Adapter, path: Path, synchronous: str) -> None:
+        self.adapter, self.path, self.synchronous = adapter, path, synchronous
+        self.script = Script()
+        self.session: Session | None = None
+        self.check: sqlite3.Connection | None = None  # opened once the framework made its
+        self.rows = self.turns = 0                    # file: one opened before makes it empty
+        self.setup = self.cpu = 0.0
+
+    async def open(self) -> None:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        self.session = await self.adapter.open_session(self.script, str(self.path),
+                                                       self.synchronous)
+        self.setup += time.perf_counter() - start
+        self.cpu += time.process_time() - cpu_start
+
+    async def turn(self) -> float:
+        """The next turn; its wall time."""
+        assert self.session is not None
+        turn = self.turns = self.turns + 1
+        expected = answer_text(turn)
+        self.script.set(("answer", expected))
+        text = user_text(turn)  # built before the clock starts, as the answer is
+        start, cpu_start = time.perf_counter(), time.process_time()
+        answer = await self.session.turn(text)
+        elapsed = time.perf_counter() - start
+        self.cpu += time.process_time() - cpu_start
+        _check(answer == expected, f"turn {turn}: answer {answer!r} is not {expected!r}")
+        wanted = min(2 * turn - 1, HISTORY_FLOOR)
+        _check(
+            self.script.seen >= wanted,
+            f"turn {turn}: the model saw {self.script.seen} conversation messages, not at "
+            f"least {wanted}: the history was not carried",
+        )
+        if self.check is None:
+            _check(self.path.exists(), f"turn {turn}: no new row in the database (no file)")
+            self.check = _reader(self.path)
+        stored = self.session.stored(self.check)
+        _check(stored > self.rows, f"turn {turn}: no new row in the database ({stored} rows)")
+        self.rows = stored
+        return elapsed
+
+    async def close(self, *, checked: bool = True) -> int:
+        """Close it (after checking ``synchronous``, unless it failed); the file's bytes."""
+        try:
+            if checked and self.session is not None:
+                await check_synchronous(self.session, self.synchronous)
+        finally:
+            if self.check is not None:
+                self.check.close()
+            if self.session is not None:
+                start, cpu_start = time.perf_counter(), time.process_time()
+                await self.session.close()
+                self.setup += time.perf_counter() - start
+                self.cpu += time.process_time() - cpu_start
+        path = self.path
+        return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
 async def _conversation(
     adapter: Adapter, turns: int, directory: Path, on_turn: Callable[[int, float], None],
     synchronous: str = "normal",
 ) -> tuple[int, int, float, float]:
-    """Run ``turns`` turns of one durable conversation on a fresh file.
+    """Run ``turns`` turns of one durable conversation on a fresh file (``_Conversation``).
 
     Returns (rows, bytes, seconds spent opening and closing the agent and its database,
     CPU seconds of this process, all threads, over the opening, the turns and the closing).
-
-    Every turn asserts the answer, that the model saw more history than the turn before (until
-    the framework's own history window is full), and that the database holds more rows; at the
-    end, that every connection the framework wrote with had ``synchronous`` set.
     """
-    path = directory / f"{adapter.NAME}.db"
-    script = Script()
-    start, cpu_start = time.perf_counter(), time.process_time()
-    session = await adapter.open_session(script, str(path), synchronous)
-    setup, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    check: sqlite3.Connection | None = None  # opened once the framework made its file: a
-    rows = 0                                 # connection opened before would make it empty
+    conversation = _Conversation(adapter, directory / f"{adapter.NAME}.db", synchronous)
+    await conversation.open()
     try:
         for turn in range(1, turns + 1):
-            expected = answer_text(turn)
-            script.set(("answer", expected))
-            text = user_text(turn)  # built before the clock starts, as the answer is
-            start, cpu_start = time.perf_counter(), time.process_time()
-            answer = await session.turn(text)
-            elapsed, cpu = time.perf_counter() - start, cpu + time.process_time() - cpu_start
-            _check(answer == expected, f"turn {turn}: answer {answer!r} is not {expected!r}")
-            wanted = min(2 * turn - 1, HISTORY_FLOOR)
-            _check(
-                script.seen >= wanted,
-                f"turn {turn}: the model saw {script.seen} conversation messages, not at least "
-                f"{wanted}: the history was not carried",
-            )
-            if check is None:
-                _check(path.exists(), f"turn {turn}: no new row in the database (no file)")
-                check = _reader(path)
-            stored = session.stored(check)
-            _check(stored > rows, f"turn {turn}: no new row in the database ({stored} rows)")
-            rows = stored
-            on_turn(turn, elapsed)
-        await check_synchronous(session, synchronous)
-    finally:
-        if check is not None:
-            check.close()
-        start, cpu_start = time.perf_counter(), time.process_time()
-        await session.close()
-        setup += time.perf_counter() - start
-        cpu += time.process_time() - cpu_start
-    size = sum(
-        p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists()
-    )
-    return rows, size, setup, cpu
+            on_turn(turn, await conversation.turn())
+    except BaseException:
+        await conversation.close(checked=False)
+        raise
+    size = await conversation.close()
+    return conversation.rows, size, conversation.setup, conversation.cpu
 
 
 def _reader(path: Path) -> sqlite3.Connection:
@@ -351,17 +383,52 @@ async def case_durable(
             "synchronous": synchronous}
 
 
+LATE_SAMPLES = 10
+"""Turns at the end of the long conversation each timed against turn 10 of a fresh one."""
+
+
 async def case_long(adapter: Adapter, turns: int, synchronous: str = "normal") -> dict[str, Any]:
-    """Every turn's time in one ``turns``-turn durable conversation, and the database's size."""
+    """Every turn's time in one ``turns``-turn durable conversation, and the database's size.
+
+    Its last ``LATE_SAMPLES`` turns alternate with turn 10 of as many fresh conversations,
+    each on a file of its own and brought to turn 9 beforehand: a late turn, an early one, a
+    late one... (``late`` and ``turn10``; their ratio is the growth). A shared machine's slow
+    and fast spells last longer than a turn and fall on both alike, and each timed turn
+    follows one turn of another conversation."""
     times: list[float] = []
+    late: list[float] = []
+    early: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as directory:
-        rows, size, _, _ = await _conversation(
-            adapter, turns, Path(directory), lambda _t, s: times.append(s), synchronous
-        )
+        folder = Path(directory)
+        main = _Conversation(adapter, folder / f"{adapter.NAME}.db", synchronous)
+        fresh = [_Conversation(adapter, folder / f"{adapter.NAME}-early-{n}.db", synchronous)
+                 for n in range(min(LATE_SAMPLES, turns))]
+        opened: list[_Conversation] = []
+        try:
+            for conversation in (main, *fresh):
+                await conversation.open()
+                opened.append(conversation)
+            for conversation in fresh:
+                for _ in range(9):
+                    await conversation.turn()
+            waiting = iter(fresh)
+            for turn in range(1, turns + 1):
+                times.append(await main.turn())
+                if turn > turns - len(fresh):
+                    late.append(times[-1])
+                    early.append(await next(waiting).turn())
+        except BaseException:
+            for conversation in opened:
+                await conversation.close(checked=False)
+            raise
+        for conversation in fresh:
+            await conversation.close()
+        size = await main.close()
     raw = raw_text_bytes(turns)
     return {
-        "per_turn": times, "unit": "s", "turns": turns, "rows": rows, "db_bytes": size,
+        "per_turn": times, "unit": "s", "turns": turns, "rows": main.rows, "db_bytes": size,
         "raw_bytes": raw, "db_ratio": size / raw, "synchronous": synchronous,
+        "late": late, "turn10": early,
     }
 
 
