@@ -323,7 +323,7 @@ def measure_fsyncs(names: list[str], turns: tuple[int, int], log: Any
                     trace = Path(directory) / f"{name}-{setting}-{length}.txt"
                     command = ["strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "-o",
                                str(trace), sys.executable, "-m", f"bench.peers.{name}",
-                               f"long:{length}", "--synchronous", setting]
+                               f"turns:{length}", "--synchronous", setting]
                     done = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True,
                                           text=True, timeout=1800, stdin=subprocess.DEVNULL)
                     if done.returncode != 0:

@@ -387,10 +387,11 @@ LATE_SAMPLES = 10
 """Turns at the end of the long conversation each timed against turn 10 of a fresh one."""
 
 
-async def case_long(adapter: Adapter, turns: int, synchronous: str = "normal") -> dict[str, Any]:
+async def case_long(adapter: Adapter, turns: int, synchronous: str = "normal",
+                    samples: int = LATE_SAMPLES) -> dict[str, Any]:
     """Every turn's time in one ``turns``-turn durable conversation, and the database's size.
 
-    Its last ``LATE_SAMPLES`` turns alternate with turn 10 of as many fresh conversations,
+    Its last ``samples`` turns alternate with turn 10 of as many fresh conversations,
     each on a file of its own and brought to turn 9 beforehand: a late turn, an early one, a
     late one... (``late`` and ``turn10``; their ratio is the growth). A shared machine's slow
     and fast spells last longer than a turn and fall on both alike, and each timed turn
@@ -402,7 +403,7 @@ async def case_long(adapter: Adapter, turns: int, synchronous: str = "normal") -
         folder = Path(directory)
         main = _Conversation(adapter, folder / f"{adapter.NAME}.db", synchronous)
         fresh = [_Conversation(adapter, folder / f"{adapter.NAME}-early-{n}.db", synchronous)
-                 for n in range(min(LATE_SAMPLES, turns))]
+                 for n in range(min(samples, turns))]
         opened: list[_Conversation] = []
         try:
             for conversation in (main, *fresh):
@@ -471,7 +472,7 @@ def memory() -> dict[str, int]:
     return found
 
 
-CASES = ("construct", "construct_mem", "one_step", "tool_call", "durable", "long",
+CASES = ("construct", "construct_mem", "one_step", "tool_call", "durable", "long", "turns",
          "first_answer")
 
 
@@ -489,6 +490,8 @@ def run_case(adapter: Adapter, case: str, repeat: int, warmup: int, turns: int,
         result = asyncio.run(case_durable(adapter, repeat, warmup, turns, synchronous))
     elif case == "long":
         result = asyncio.run(case_long(adapter, turns, synchronous))
+    elif case == "turns":  # the long conversation alone (what strace counts the fsyncs of)
+        result = asyncio.run(case_long(adapter, turns, synchronous, samples=0))
     elif case == "first_answer":
         result = asyncio.run(case_first_answer(adapter, synchronous))
     else:
@@ -514,6 +517,7 @@ def main(adapter: ModuleType, argv: list[str] | None = None) -> None:
     """``python -m bench.peers.<framework> CASE[:REPEAT[:WARMUP]] ... [--turns N]``.
 
     Runs the cases in order in this process and prints one JSON line per case. For ``long``
+    and ``turns`` (the same conversation, without turn 10 of fresh ones to alternate with)
     the number after the colon is the conversation's length in turns.
     """
     parser = argparse.ArgumentParser(prog=f"python -m bench.peers.{adapter.NAME}")
@@ -529,7 +533,7 @@ def main(adapter: ModuleType, argv: list[str] | None = None) -> None:
             parser.error(f"unknown case {name!r}; one of {', '.join(CASES)}")
         repeat = int(numbers[0]) if numbers else 20
         warmup = int(numbers[1]) if len(numbers) > 1 else 3
-        turns = repeat if name == "long" else args.turns
+        turns = repeat if name in ("long", "turns") else args.turns
         result = run_case(adapter, name, repeat, warmup, turns,  # type: ignore[arg-type]
                           args.synchronous)
         sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
