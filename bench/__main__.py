@@ -889,7 +889,7 @@ python -m bench.instructions --case http              # the same in a cogency se
 `strace` counts the fsyncs (`apt-get install strace`; without it that row is left out).
 Times on a shared machine drift by up to 25% between runs; `bench.instructions` counts the
 instructions of a durable turn with valgrind (`apt-get install valgrind`), which do not
-drift (three runs on one machine: 2.271 to 2.280 M per turn), for an A/B of two checkouts (another one's
+drift (three runs on one machine: 2.121 to 2.123 M per turn), for an A/B of two checkouts (another one's
 `src`, e.g. from `git worktree add`).
 `--quick` runs every case briefly, a framework's cases in one process per setting and a
 100-turn long conversation: a smoke run, not the published figures (the database-size and
