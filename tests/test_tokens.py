@@ -136,6 +136,16 @@ async def test_the_history_window_stays_exact_near_its_budget(tmp_path, tokenize
                 if bounds <= budget:  # everything fits whatever the counts: nothing counted
                     assert not loaded() and len(seen) == len(rows), turn
             assert loaded() and len(seen) < len(rows)  # the window did fill
+        # Stored once the encoding was loaded: the last turn's query and answer (lines of
+        # words, counted by their words) hold tiktoken's own counts.
+        import cogency.tokens as tokens
+
+        with sqlite3.connect(db) as check:
+            newest = check.execute("SELECT content, tokens FROM conversation_messages "
+                                   "ORDER BY seq DESC LIMIT 2").fetchall()
+        assert [content for content, _ in newest] == ["answer " + texts[-1], texts[-1]]
+        for content, stored in newest:
+            assert stored == len(tokens._encoding().encode_ordinary(content)) < len(content)
     finally:
         await store.close()
 

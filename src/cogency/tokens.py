@@ -187,9 +187,9 @@ def _count_pieces(text: str) -> int:
 
 
 def _count_words(text: str) -> int | None:
-    """The count of ASCII ``text`` whose only whitespace is single spaces: its
-    first word's pieces, then each later word's tokens with the space before it, looked up;
-    ``None`` if a word is longer than ``_PIECE_KEPT`` (it may be a long run).
+    """The count of ASCII ``text`` whose only whitespace is single spaces: its first word's
+    pieces, then each later word's tokens with the space before it, looked up; ``None`` if a
+    word is longer than ``_PIECE_KEPT`` (it may be a long run).
 
     The same count as the pieces': no piece of such a text runs past a word's end (a piece
     holds whitespace only as the one space it begins with, or as a lone space: before a
